@@ -1,0 +1,35 @@
+# specchat — set-up and everyday commands. `make demo` and `make test` do all the set-up themselves.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+# CMAKE_ARGS passes through to llama-cpp-python's build: CMAKE_ARGS="-DGGML_CUDA=on" make install
+# gives a CUDA build; on macOS arm64 llama.cpp builds with Metal by default.
+export CMAKE_ARGS
+
+.PHONY: install test test-slow lint demo bench stress clean
+
+$(BIN)/specchat: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -e '.[dev]'
+	@touch $@
+
+install: $(BIN)/specchat
+
+test: install
+	$(BIN)/pytest -q
+
+test-slow: install
+	$(BIN)/pytest -q -m slow
+
+lint: install
+	$(BIN)/ruff check specchat tests
+	$(BIN)/ruff format --check specchat tests
+
+demo: install
+	$(BIN)/specchat pull qwen2.5-coder-1.5b qwen2.5-coder-0.5b
+	$(BIN)/specchat run qwen2.5-coder-1.5b --draft qwen2.5-coder-0.5b --temp 0 --max-tokens 200 \
+		-p "Write a Python function that checks whether a string is a palindrome, with a docstring and two doctests."
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info

@@ -1,0 +1,141 @@
+"""What the speculative loop yields. Frozen dataclasses, so consumers (CLI, chat, bench) cannot
+change the loop's record of what happened."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+
+class Source(str, Enum):
+    """Where a token came from. The colour legend is built from these."""
+
+    DRAFT = "draft"  # proposed by a draft model and accepted by the target
+    NGRAM = "ngram"  # proposed by n-gram prompt lookup and accepted by the target
+    CORRECTION = "correction"  # target's own token where a draft token was rejected
+    BONUS = "bonus"  # target's extra token after all drafts of a round were accepted
+    TARGET = "target"  # plain decoding (no draft this round)
+
+    @property
+    def from_draft(self) -> bool:
+        return self in (Source.DRAFT, Source.NGRAM)
+
+
+@dataclass(frozen=True, slots=True)
+class Token:
+    """One committed token. `text` may be "" when the token ends inside a multi-byte character;
+    the following token then carries the whole character."""
+
+    id: int
+    text: str
+    source: Source
+    drafter: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Round:
+    """One verify pass of the target: how many tokens were drafted and how many the target kept."""
+
+    drafter: str | None
+    k: int
+    drafted: int
+    accepted: int
+    emitted: int
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class Notice:
+    """Something the user should know that is not an error (e.g. context window full)."""
+
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class DrafterStats:
+    name: str
+    rounds: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    seconds: float = 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Stats:
+    """Totals for one generation. Times are wall-clock seconds measured by the loop."""
+
+    prompt_tokens: int
+    prefill_tokens: int
+    generated_tokens: int
+    prefill_seconds: float
+    decode_seconds: float
+    drafted: int
+    accepted: int
+    target_passes: int
+    stop_reason: str
+    accepted_by_position: tuple[int, ...] = ()
+    drafted_by_position: tuple[int, ...] = ()
+    drafters: tuple[DrafterStats, ...] = field(default_factory=tuple)
+    k_history: tuple[int, ...] = ()
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.generated_tokens / self.decode_seconds if self.decode_seconds > 0 else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def mean_accepted_per_pass(self) -> float:
+        return self.accepted / self.target_passes if self.target_passes else 0.0
+
+    @property
+    def tokens_per_pass(self) -> float:
+        return self.generated_tokens / self.target_passes if self.target_passes else 0.0
+
+    def to_dict(self) -> dict[str, object]:
+        """JSON-ready view, with the derived rates included."""
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "prefill_tokens": self.prefill_tokens,
+            "generated_tokens": self.generated_tokens,
+            "prefill_seconds": round(self.prefill_seconds, 6),
+            "decode_seconds": round(self.decode_seconds, 6),
+            "tokens_per_second": round(self.tokens_per_second, 3),
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "acceptance_rate": round(self.acceptance_rate, 4),
+            "target_passes": self.target_passes,
+            "mean_accepted_per_pass": round(self.mean_accepted_per_pass, 4),
+            "tokens_per_pass": round(self.tokens_per_pass, 4),
+            "stop_reason": self.stop_reason,
+            "accepted_by_position": list(self.accepted_by_position),
+            "drafted_by_position": list(self.drafted_by_position),
+            "k_history": list(self.k_history),
+            "drafters": [
+                {
+                    "name": d.name,
+                    "rounds": d.rounds,
+                    "drafted": d.drafted,
+                    "accepted": d.accepted,
+                    "acceptance_rate": round(d.acceptance_rate, 4),
+                    "seconds": round(d.seconds, 6),
+                }
+                for d in self.drafters
+            ],
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Done:
+    """Last event of a generation."""
+
+    stats: Stats
+
+
+Event = Token | Round | Notice | Done

@@ -1,0 +1,266 @@
+"""The speculative decoding loop. Pure Python/numpy over the `Model` protocol; prints nothing.
+
+Each round:
+  1. the planner picks a drafter and a draft length k (k = 0: plain decoding this round);
+  2. the drafter proposes up to k tokens d1..dk after the committed context;
+  3. the target decodes [last, d1..dk] in ONE batch, giving k+1 logits rows;
+  4. drafts are checked in order (argmax at temperature 0, the min(1, p/q) rule when sampling); the
+     first rejection is replaced by the target's own token (a correction); if all pass, the target's
+     last row gives one more token (a bonus);
+  5. the target's cache is cut back to the committed tokens; draft caches catch up lazily.
+
+Invariants, checked by the tests after every round and after early close: the target cache holds
+exactly committed[:-1] (the last committed token is the next round's first input) and each draft
+cache holds a prefix of committed. So the output is the target's own, and stopping anywhere leaves
+the caches reusable (the chat reuses them across turns).
+"""
+
+from __future__ import annotations
+
+import codecs
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from .drafters import Drafter, Proposal
+from .events import DrafterStats, Done, Event, Notice, Round, Source, Stats, Token
+from .model import Model, common_prefix_len, sync_cache
+from .sampling import SamplingParams, align, greedy, probs, sample, verify
+
+
+class Planner(Protocol):
+    """Per round: which drafter (index into the drafters, None = no draft) and how many tokens."""
+
+    def plan(self, max_k: int) -> tuple[int | None, int]: ...
+
+    def observe(self, rnd: Round, drafter: int | None) -> None: ...
+
+
+@dataclass(slots=True)
+class FixedK:
+    """Always draft k tokens with the first drafter (its confidence stop may end a round sooner)."""
+
+    k: int
+
+    def plan(self, max_k: int) -> tuple[int | None, int]:
+        k = min(self.k, max_k)
+        return (0, k) if k > 0 else (None, 0)
+
+    def observe(self, rnd: Round, drafter: int | None) -> None:
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    max_tokens: int = 256
+    params: SamplingParams = SamplingParams()
+
+
+@dataclass(slots=True)
+class Tally:
+    """Running totals. Callers may pass their own to read partial stats after an interrupt."""
+
+    prompt_tokens: int = 0
+    prefill_tokens: int = 0
+    generated: int = 0
+    prefill_seconds: float = 0.0
+    decode_seconds: float = 0.0
+    drafted: int = 0
+    accepted: int = 0
+    passes: int = 0
+    drafted_by_pos: list[int] = field(default_factory=list)
+    accepted_by_pos: list[int] = field(default_factory=list)
+    k_history: list[int] = field(default_factory=list)
+    drafters: dict[str, DrafterStats] = field(default_factory=dict)
+
+    def add_round(self, rnd: Round, draft_seconds: float) -> None:
+        self.passes += 1
+        self.drafted += rnd.drafted
+        self.accepted += rnd.accepted
+        self.k_history.append(rnd.k)
+        while len(self.drafted_by_pos) < rnd.drafted:
+            self.drafted_by_pos.append(0)
+            self.accepted_by_pos.append(0)
+        for i in range(rnd.drafted):
+            self.drafted_by_pos[i] += 1
+            self.accepted_by_pos[i] += i < rnd.accepted
+        if rnd.drafter is not None:
+            d = self.drafters.get(rnd.drafter, DrafterStats(rnd.drafter))
+            self.drafters[rnd.drafter] = DrafterStats(
+                d.name, d.rounds + 1, d.drafted + rnd.drafted, d.accepted + rnd.accepted, d.seconds + draft_seconds
+            )
+
+    def snapshot(self, stop_reason: str) -> Stats:
+        return Stats(
+            prompt_tokens=self.prompt_tokens,
+            prefill_tokens=self.prefill_tokens,
+            generated_tokens=self.generated,
+            prefill_seconds=self.prefill_seconds,
+            decode_seconds=self.decode_seconds,
+            drafted=self.drafted,
+            accepted=self.accepted,
+            target_passes=self.passes,
+            stop_reason=stop_reason,
+            accepted_by_position=tuple(self.accepted_by_pos),
+            drafted_by_position=tuple(self.drafted_by_pos),
+            drafters=tuple(self.drafters.values()),
+            k_history=tuple(self.k_history),
+        )
+
+
+class Detokenizer:
+    """Incremental UTF-8 text: bytes of a character split across tokens are held back until whole."""
+
+    def __init__(self, model: Model) -> None:
+        self._model = model
+        self._dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def piece(self, token: int) -> str:
+        return self._dec.decode(self._model.token_bytes(token))
+
+    def flush(self) -> str:
+        return self._dec.decode(b"", final=True)
+
+
+def generate(
+    target: Model,
+    prompt: Sequence[int],
+    *,
+    drafters: Sequence[Drafter] = (),
+    planner: Planner | None = None,
+    settings: Settings = Settings(),
+    rng: np.random.Generator | None = None,
+    tally: Tally | None = None,
+) -> Iterator[Event]:
+    """Generate after `prompt`, yielding Token, Round and Notice events, and Done last.
+
+    The target's cache may already hold part of the prompt (chat turns): only the difference is
+    decoded. Closing the generator early still leaves all caches consistent (see module docstring).
+    """
+    if not prompt:
+        raise ValueError("the prompt must contain at least one token")
+    rng = rng if rng is not None else np.random.default_rng()
+    planner = planner if planner is not None else FixedK(4 if drafters else 0)
+    tally = tally if tally is not None else Tally()
+    params = settings.params
+    detok = Detokenizer(target)
+    committed = list(prompt)
+    n_prompt = len(prompt)
+    tally.prompt_tokens = n_prompt
+
+    t0 = time.perf_counter()
+    tally.prefill_tokens = len(prompt) - 1 - common_prefix_len(target.tokens, prompt[:-1])
+    stop = "interrupted"
+    try:
+        sync_cache(target, prompt[:-1], logits_row_last=False)
+        for d in drafters:  # drafts process the prompt now too, so it is not billed to decoding
+            d.prepare(prompt[:-1])
+        t_decode = time.perf_counter()
+        tally.prefill_seconds = t_decode - t0
+        while True:
+            remaining = settings.max_tokens - (len(committed) - n_prompt)
+            if remaining <= 0:
+                stop = "max_tokens"
+                break
+            room = target.n_ctx - len(committed) + 1  # positions left for this round's batch
+            if room <= 0:
+                stop = "context_full"
+                yield Notice(
+                    f"context window full ({target.n_ctx} tokens): the answer was cut here; "
+                    "raise --ctx-size for longer output"
+                )
+                break
+            max_k = min(remaining - 1, room - 1)
+            which, k = planner.plan(max_k) if drafters else (None, 0)
+            drafter = drafters[which] if which is not None and k > 0 else None
+            proposal = drafter.propose(committed, k, params, rng) if drafter is not None else Proposal()
+            del proposal.tokens[max_k:]
+            n_draft = len(proposal.tokens)
+            t_verify = time.perf_counter()
+            rows = target.decode([committed[-1], *proposal.tokens], range(n_draft + 1))
+            new, n_ok = _verify(rows, proposal, params, rng, target.n_vocab)
+            # the cache holds committed[:-1] + [last] + drafts: keep committed + accepted drafts
+            target.truncate(len(committed) + n_ok)
+            ended = False
+            emitted = 0
+            for i, tok in enumerate(new):
+                committed.append(tok)
+                tally.generated += 1
+                emitted += 1
+                if target.is_eog(tok):
+                    ended = True
+                    break
+                if i < n_ok:
+                    assert drafter is not None
+                    yield Token(tok, detok.piece(tok), drafter.source, drafter.name)
+                else:
+                    yield Token(tok, detok.piece(tok), _target_source(n_draft, n_ok))
+            now = time.perf_counter()
+            rnd = Round(
+                drafter=drafter.name if drafter is not None else None,
+                k=k if drafter is not None else 0,
+                drafted=n_draft,
+                accepted=n_ok,
+                emitted=emitted,
+                seconds=now - t_verify + proposal.seconds,
+            )
+            tally.decode_seconds = now - t_decode
+            tally.add_round(rnd, proposal.seconds)
+            planner.observe(rnd, which if drafter is not None else None)
+            yield rnd
+            if ended:
+                stop = "eog"
+                break
+    finally:
+        # whatever happened (EOG inside accepted drafts, early close, Ctrl-C mid-decode), leave the
+        # target cache holding committed[:-1] at most and each draft cache a prefix of committed
+        keep = min(len(committed) - 1, common_prefix_len(target.tokens, committed))
+        if len(target.tokens) > keep:
+            target.truncate(keep)
+        for d in drafters:
+            d.settle(committed)
+    tail = detok.flush()
+    if tail:
+        yield Notice(f"output ended inside a multi-byte character: {tail!r}")
+    yield Done(tally.snapshot(stop))
+
+
+def _target_source(n_draft: int, n_ok: int) -> Source:
+    if n_draft == 0:
+        return Source.TARGET
+    return Source.BONUS if n_ok == n_draft else Source.CORRECTION
+
+
+def _verify(
+    rows: np.ndarray,
+    proposal: Proposal,
+    params: SamplingParams,
+    rng: np.random.Generator,
+    n_vocab: int,
+) -> tuple[list[int], int]:
+    """Walk the drafts against the target rows. Returns (tokens to commit, number of drafts kept)."""
+    out: list[int] = []
+    for i, tok in enumerate(proposal.tokens):
+        if params.greedy:
+            best = greedy(rows[i])
+            out.append(best)
+            if best != tok:
+                return out, i
+            continue
+        p = probs(rows[i], params)
+        if proposal.q is not None:
+            q = align(proposal.q[i], n_vocab)
+        else:  # a deterministic drafter (n-gram): q is one-hot at its token
+            q = np.zeros(n_vocab)
+            if tok < n_vocab:
+                q[tok] = 1.0
+        ok, tok2 = verify(p, q, tok, rng)
+        out.append(tok2)
+        if not ok:
+            return out, i
+    last = rows[len(proposal.tokens)]
+    out.append(greedy(last) if params.greedy else sample(probs(last, params), rng))
+    return out, len(proposal.tokens)

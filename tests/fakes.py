@@ -1,0 +1,89 @@
+"""FakeModel: a deterministic numpy 'language model' implementing specchat.model.Model.
+
+Its logits depend only on the last `order` tokens (seeded hash -> random table row), so the loop's
+behaviour can be pinned down exactly and compared with plain greedy decoding, without llama.cpp.
+Every decode/truncate is recorded so tests can count passes and check cache positions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+
+class FakeModel:
+    def __init__(
+        self,
+        n_vocab: int = 16,
+        *,
+        seed: int = 0,
+        n_ctx: int = 4096,
+        eog: Sequence[int] = (),
+        sharpness: float = 4.0,
+        name: str = "fake",
+        table: np.ndarray | None = None,
+        order: int = 2,
+    ) -> None:
+        self.name = name
+        self._n_vocab = n_vocab
+        self._n_ctx = n_ctx
+        self._tokens: list[int] = []
+        self._eog = set(eog)
+        self.order = order
+        rng = np.random.default_rng(seed)
+        self.table = (
+            table if table is not None else (rng.standard_normal((997, n_vocab)) * sharpness).astype(np.float32)
+        )
+        self.decode_calls: list[tuple[int, int]] = []  # (n_tokens, n_logit_rows)
+        self.truncate_calls: list[int] = []
+
+    # --- protocol -------------------------------------------------------------------------------
+    @property
+    def n_vocab(self) -> int:
+        return self._n_vocab
+
+    @property
+    def n_ctx(self) -> int:
+        return self._n_ctx
+
+    @property
+    def tokens(self) -> Sequence[int]:
+        return tuple(self._tokens)
+
+    def logits_after(self, context: Sequence[int]) -> np.ndarray:
+        """Logits for the token following `context` (a pure function of the last `order` tokens)."""
+        key = hash(tuple(context[-self.order :])) % len(self.table)
+        return self.table[key]
+
+    def decode(self, tokens: Sequence[int], logits_rows: Sequence[int]) -> np.ndarray:
+        if len(self._tokens) + len(tokens) > self._n_ctx:
+            raise RuntimeError("fake context overflow")
+        base = len(self._tokens)
+        self._tokens.extend(int(t) for t in tokens)
+        self.decode_calls.append((len(tokens), len(logits_rows)))
+        rows = [self.logits_after(self._tokens[: base + r + 1]) for r in logits_rows]
+        return np.array(rows, dtype=np.float32).reshape(len(rows), self._n_vocab)
+
+    def truncate(self, n: int) -> None:
+        self.truncate_calls.append(n)
+        del self._tokens[n:]
+
+    def is_eog(self, token: int) -> bool:
+        return token in self._eog
+
+    def token_bytes(self, token: int) -> bytes:
+        return f"<{token}>".encode()
+
+
+def plain_greedy(model: FakeModel, prompt: Sequence[int], n: int) -> list[int]:
+    """Reference: greedy decoding straight from the model's pure logits function."""
+    ctx = list(prompt)
+    out: list[int] = []
+    for _ in range(n):
+        tok = int(np.argmax(model.logits_after(ctx)))
+        out.append(tok)
+        ctx.append(tok)
+        if model.is_eog(tok):
+            break
+    return out

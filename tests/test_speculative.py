@@ -1,0 +1,206 @@
+"""The speculative loop against fake numpy models: exactness, provenance, cache invariants."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from specchat.drafters import ModelDrafter
+from specchat.events import Done, Round, Source, Token
+from specchat.sampling import SamplingParams
+from specchat.speculative import FixedK, Settings, generate
+
+from .fakes import FakeModel, plain_greedy
+
+PROMPT = [1, 2, 3, 4]
+
+
+def run(target, draft=None, *, k=4, n=40, p_min=0.0, params=SamplingParams(), seed=0):
+    drafter = ModelDrafter(draft, p_min=p_min) if draft is not None else None
+    events = list(
+        generate(
+            target,
+            PROMPT,
+            drafters=[drafter] if drafter else [],
+            planner=FixedK(k),
+            settings=Settings(max_tokens=n, params=params),
+            rng=np.random.default_rng(seed),
+        )
+    )
+    tokens = [e for e in events if isinstance(e, Token)]
+    rounds = [e for e in events if isinstance(e, Round)]
+    done = events[-1]
+    assert isinstance(done, Done)
+    return tokens, rounds, done.stats
+
+
+def check_caches(target, draft, committed):
+    assert list(target.tokens) == committed[:-1]
+    if draft is not None:
+        assert list(draft.tokens) == committed[: len(draft.tokens)]
+
+
+def test_identical_draft_accepts_everything():
+    target = FakeModel(seed=1)
+    draft = FakeModel(seed=1, table=target.table)
+    tokens, rounds, stats = run(target, draft, k=4, n=40)
+    assert [t.id for t in tokens] == plain_greedy(target, PROMPT, 40)
+    assert stats.acceptance_rate == 1.0
+    assert all(r.accepted == r.drafted == 4 for r in rounds)
+    # every round: 4 accepted drafts then a bonus token from the target
+    assert [t.source for t in tokens[:5]] == [Source.DRAFT] * 4 + [Source.BONUS]
+    assert stats.target_passes == 8
+    check_caches(target, draft, PROMPT + [t.id for t in tokens])
+
+
+def test_always_wrong_draft_gives_one_correction_per_round():
+    target = FakeModel(seed=1)
+    # a draft whose argmax is never the target's: negate the target's table
+    draft = FakeModel(seed=1, table=-target.table)
+    tokens, rounds, stats = run(target, draft, k=3, n=20)
+    assert [t.id for t in tokens] == plain_greedy(target, PROMPT, 20)
+    assert stats.accepted == 0
+    # the last round has room for no draft (max_tokens reached), so its token is plain target output
+    assert all(t.source is Source.CORRECTION for t in tokens[:-1])
+    assert tokens[-1].source is Source.TARGET
+    assert all(r.emitted == 1 for r in rounds)
+    assert stats.target_passes == 20
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 5, 8])
+@pytest.mark.parametrize("draft_seed", [1, 2, 7])
+def test_greedy_output_equals_plain_greedy(k, draft_seed):
+    target = FakeModel(seed=1, n_vocab=8, sharpness=2.0)
+    draft = FakeModel(seed=draft_seed, n_vocab=8, sharpness=2.0)
+    tokens, _rounds, stats = run(target, draft, k=k, n=50)
+    assert [t.id for t in tokens] == plain_greedy(target, PROMPT, 50)
+    assert stats.generated_tokens == 50
+    check_caches(target, draft, PROMPT + [t.id for t in tokens])
+
+
+def test_plain_decoding_without_draft():
+    target = FakeModel(seed=3)
+    tokens, rounds, stats = run(target, None, n=12)
+    assert [t.id for t in tokens] == plain_greedy(target, PROMPT, 12)
+    assert all(t.source is Source.TARGET for t in tokens)
+    assert stats.drafted == 0 and stats.target_passes == 12
+    assert all(call == (1, 1) for call in target.decode_calls[1:])
+
+
+def test_verify_is_one_decode_call_per_round():
+    target = FakeModel(seed=1)
+    draft = FakeModel(seed=1, table=target.table)
+    run(target, draft, k=4, n=20)
+    verify_calls = target.decode_calls[1:]  # first call is the prefill
+    assert all(n_tok == n_rows == 5 for n_tok, n_rows in verify_calls)
+
+
+def test_draft_cache_is_reused_between_rounds():
+    target = FakeModel(seed=1)
+    draft = FakeModel(seed=1, table=target.table)
+    run(target, draft, k=4, n=40)
+    # prefill once, then per round: catch up (<= 2 tokens) + k-1 single-token steps; never a refill
+    prefill, *rest = draft.decode_calls
+    assert prefill[0] == len(PROMPT) - 1
+    assert max(n for n, _ in rest) <= 2
+
+
+def test_eog_stops_and_is_not_emitted():
+    target = FakeModel(seed=1, n_vocab=8)
+    ref = plain_greedy(target, PROMPT, 30)
+    eog = ref[5]
+    target = FakeModel(seed=1, n_vocab=8, eog=[eog])
+    draft = FakeModel(seed=1, n_vocab=8, table=target.table)
+    tokens, _, stats = run(target, draft, k=4, n=30)
+    first = ref.index(eog)
+    assert [t.id for t in tokens] == ref[:first]
+    assert stats.stop_reason == "eog"
+    committed = PROMPT + ref[: first + 1]
+    check_caches(target, draft, committed)
+
+
+def test_context_full_stops_with_notice():
+    from specchat.events import Notice
+
+    target = FakeModel(seed=1, n_ctx=20)
+    draft = FakeModel(seed=1, table=target.table, n_ctx=20)
+    drafter = ModelDrafter(draft, p_min=0.0)
+    events = list(generate(target, PROMPT, drafters=[drafter], planner=FixedK(4), settings=Settings(max_tokens=100)))
+    notices = [e for e in events if isinstance(e, Notice)]
+    done = events[-1]
+    assert done.stats.stop_reason == "context_full"
+    assert "--ctx-size" in notices[0].message
+    assert len(target.tokens) <= 20
+
+
+def test_early_close_leaves_caches_consistent():
+    target = FakeModel(seed=1)
+    draft = FakeModel(seed=2)
+    gen = generate(
+        target, PROMPT, drafters=[ModelDrafter(draft, p_min=0.0)], planner=FixedK(5), settings=Settings(max_tokens=100)
+    )
+    got = []
+    for ev in gen:
+        if isinstance(ev, Token):
+            got.append(ev.id)
+            if len(got) == 7:
+                break
+    gen.close()
+    # tokens of the current round beyond the 7th are committed but not yet seen by the consumer:
+    # the caches must describe a prefix-consistent committed sequence that starts with what was seen
+    t, d = list(target.tokens), list(draft.tokens)
+    assert t[: len(PROMPT) + 6] == PROMPT + got[:6]
+    assert d[: len(t)] == t[: len(d)]
+    assert len(d) <= len(t) + 1
+
+
+def test_max_tokens_respected_exactly():
+    target = FakeModel(seed=1)
+    draft = FakeModel(seed=1, table=target.table)
+    for n in (1, 2, 5, 7):
+        target._tokens.clear()
+        draft._tokens.clear()
+        tokens, _, stats = run(target, draft, k=4, n=n)
+        assert len(tokens) == n == stats.generated_tokens
+
+
+def test_p_min_stops_drafting():
+    target = FakeModel(seed=1, sharpness=0.1)  # flat distributions: draft is never confident
+    draft = FakeModel(seed=1, table=target.table)
+    _, rounds, stats = run(target, draft, k=4, n=10, p_min=0.9)
+    assert stats.drafted == 0
+    assert all(r.drafted == 0 for r in rounds)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    seed_t=st.integers(0, 50),
+    seed_d=st.integers(0, 50),
+    k=st.integers(1, 6),
+    vocab=st.integers(2, 12),
+    n=st.integers(1, 30),
+)
+def test_property_greedy_exact_and_caches_consistent(seed_t, seed_d, k, vocab, n):
+    target = FakeModel(seed=seed_t, n_vocab=vocab)
+    draft = FakeModel(seed=seed_d, n_vocab=vocab)
+    tokens, rounds, stats = run(target, draft, k=k, n=n)
+    assert [t.id for t in tokens] == plain_greedy(target, PROMPT, n)
+    assert stats.accepted <= stats.drafted
+    assert sum(r.emitted for r in rounds) == len(tokens)
+    assert all(r.emitted == r.accepted + 1 or r is rounds[-1] for r in rounds)
+    check_caches(target, draft, PROMPT + [t.id for t in tokens])
+
+
+def test_draft_with_larger_vocab_never_accepts_out_of_range_ids():
+    target = FakeModel(seed=1, n_vocab=6)
+    big = np.full((997, 9), -10.0, dtype=np.float32)
+    big[:, 8] = 10.0  # the draft always proposes id 8, which the target does not have
+    draft = FakeModel(n_vocab=9, table=big)
+    for params in (SamplingParams(), SamplingParams(temperature=1.0, top_k=0, top_p=1.0)):
+        target._tokens.clear()
+        draft._tokens.clear()
+        tokens, _, stats = run(target, draft, k=3, n=15, params=params)
+        assert stats.accepted == 0
+        assert all(t.id < 6 for t in tokens)
