@@ -94,3 +94,53 @@ class ModelDrafter:
         keep = common_prefix_len(self.model.tokens, context)
         if keep < len(self.model.tokens):
             self.model.truncate(keep)
+
+
+class NgramDrafter:
+    """Model-free drafting by prompt lookup: find the most recent earlier occurrence of the context's
+    last n tokens (longest n first) and propose what followed it then.
+
+    Free to run, and right surprisingly often wherever the answer copies its input: code edits,
+    refactors, summaries, retrieval answers. An index from each n-gram to its latest end position is
+    extended incrementally, so a lookup costs O(max_n) regardless of context length.
+    """
+
+    source = Source.NGRAM
+
+    def __init__(self, max_n: int = 4, min_n: int = 1, name: str = "ngram") -> None:
+        self.name = name
+        self.max_n = max_n
+        self.min_n = min_n
+        self._seen: list[int] = []
+        self._index: list[dict[tuple[int, ...], int]] = [{} for _ in range(max_n + 1)]
+
+    def _sync(self, context: Sequence[int]) -> None:
+        """Index every n-gram that ends before the context's last token."""
+        if common_prefix_len(self._seen, context) < len(self._seen):  # context changed: re-index
+            self._seen = []
+            self._index = [{} for _ in range(self.max_n + 1)]
+        for pos in range(len(self._seen), len(context) - 1):
+            self._seen.append(int(context[pos]))
+            for n in range(1, self.max_n + 1):
+                if pos + 1 >= n:
+                    self._index[n][tuple(self._seen[pos + 1 - n : pos + 1])] = pos + 1
+
+    def propose(
+        self, context: Sequence[int], k: int, params: SamplingParams, rng: np.random.Generator
+    ) -> Proposal:
+        start = time.perf_counter()
+        self._sync(context)
+        out = Proposal()
+        for n in range(min(self.max_n, len(context) - 1), self.min_n - 1, -1):
+            end = self._index[n].get(tuple(context[len(context) - n :]))
+            if end is not None:
+                out.tokens = [int(t) for t in context[end : end + k]]
+                break
+        out.seconds = time.perf_counter() - start
+        return out
+
+    def prepare(self, context: Sequence[int]) -> None:
+        self._sync(context)
+
+    def settle(self, context: Sequence[int]) -> None:
+        return None

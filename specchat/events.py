@@ -41,7 +41,8 @@ class Round:
     drafted: int
     accepted: int
     emitted: int
-    seconds: float
+    seconds: float  # the whole round: drafting + verification
+    draft_seconds: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -59,11 +59,13 @@ def check_pair(target: VocabSource, draft: VocabSource) -> list[str]:
         )
     if special_mismatch:
         warnings.append(
-            f"draft and target differ in {special_mismatch} control/special token(s) (first: id {first_special}); "
+            f"draft and target differ in {special_mismatch} control/special token(s) "
+            f"(first: id {first_special}); "
             "drafting still works, the target verifies every token"
         )
     if t.n_vocab != d.n_vocab:
         warnings.append(
-            f"vocab sizes differ ({d.n_vocab} draft vs {t.n_vocab} target); ids the target lacks are never accepted"
+            f"vocab sizes differ ({d.n_vocab} draft vs {t.n_vocab} target); "
+            "ids the target lacks are never accepted"
         )
     return warnings

@@ -3,10 +3,14 @@ render into a recording console and the CLI/chat choose stdout, stderr or a file
 
 from __future__ import annotations
 
-from rich.console import Console
+from collections.abc import Generator
+from dataclasses import dataclass, field
+
+from rich.console import Console, Group
+from rich.live import Live
 from rich.text import Text
 
-from .events import Source, Stats, Token
+from .events import Done, Event, Notice, Round, Source, Stats, Token
 
 #: One colour per provenance. Green = the draft was right; red = the target had to correct it;
 #: blue = the target's free extra token after a fully accepted round; magenta = n-gram lookup.
@@ -27,6 +31,23 @@ LABELS: dict[Source, str] = {
 }
 
 
+#: C0/C1 control characters (ESC above all) would let model output drive the terminal: show them as
+#: visible escapes instead. Newline and tab are layout, not control, and stay.
+_CONTROL = {c: f"\\x{c:02x}" for c in [*range(0x20), 0x7F, *range(0x80, 0xA0)] if c not in (0x09, 0x0A)}
+
+
+def terminal_safe(text: str) -> str:
+    """Text fit to print on a terminal: control characters made visible, nothing else changed."""
+    return text.translate(_CONTROL)
+
+
+def sources_for(drafter_sources: list[Source]) -> tuple[Source, ...]:
+    """The sources a run can produce, for its legend: each drafter's, then the target's two."""
+    if not drafter_sources:
+        return (Source.TARGET,)
+    return (*dict.fromkeys(drafter_sources), Source.CORRECTION, Source.BONUS)
+
+
 def legend(sources: tuple[Source, ...] = (Source.DRAFT, Source.CORRECTION, Source.BONUS)) -> Text:
     """One line naming each colour, printed once before the stream."""
     text = Text("legend: ", style="dim")
@@ -38,22 +59,50 @@ def legend(sources: tuple[Source, ...] = (Source.DRAFT, Source.CORRECTION, Sourc
 
 
 class TokenStream:
-    """Prints token pieces as they arrive, each in its source's colour, without line breaks of its own."""
+    """Shows token pieces as they arrive, each in its source's colour.
 
-    def __init__(self, console: Console) -> None:
+    On a terminal it is a Rich Live view: the coloured text plus a status line under it (tok/s,
+    acceptance, current k, tokens per target pass) that refreshes while generating and disappears at
+    the end. Elsewhere (pipes, files) it just writes the text as it comes, with no status.
+    """
+
+    def __init__(self, console: Console, *, live: bool | None = None) -> None:
         self.console = console
         self.text = Text()
+        self._status = Text("", style="dim")
+        self._live: Live | None = None
+        if live if live is not None else console.is_terminal:
+            self._live = Live(
+                Group(self.text, self._status),
+                console=console,
+                refresh_per_second=8,
+                vertical_overflow="visible",
+                transient=False,
+            )
+            self._live.start()
 
     def write(self, tok: Token) -> None:
         if not tok.text:
             return
         style = STYLES[tok.source]
-        self.text.append(tok.text, style=style)
-        self.console.print(Text(tok.text, style=style), end="", soft_wrap=True, highlight=False)
-        self.console.file.flush()
+        piece = terminal_safe(tok.text)
+        self.text.append(piece, style=style)
+        if self._live is None:
+            self.console.print(Text(piece, style=style), end="", soft_wrap=True, highlight=False)
+            self.console.file.flush()
+
+    def status(self, line: str) -> None:
+        self._status.plain = line
 
     def end(self) -> None:
-        self.console.print()
+        """Finish the view: the final text stays, the status line goes."""
+        if self._live is not None:
+            self._status.plain = ""
+            self._live.update(self.text, refresh=True)
+            self._live.stop()
+            self._live = None
+        else:
+            self.console.print()
 
 
 def stats_line(stats: Stats) -> Text:
@@ -69,3 +118,65 @@ def stats_line(stats: Stats) -> Text:
     if stats.stop_reason != "eog":
         parts.append(f"stopped: {stats.stop_reason.replace('_', ' ')}")
     return Text(" · ".join(parts), style="dim")
+
+
+def status_text(tally: object, rnd: object) -> str:
+    """Plain-text status: what the auto-tuner is doing right now and how well it is going."""
+    gen = getattr(tally, "generated", 0)
+    secs = getattr(tally, "decode_seconds", 0.0) or 1e-9
+    drafted = getattr(tally, "drafted", 0)
+    acc = getattr(tally, "accepted", 0)
+    passes = getattr(tally, "passes", 0) or 1
+    rate = f"{acc / drafted:.0%}" if drafted else "–"
+    return (
+        f"{gen / secs:5.1f} tok/s · acceptance {rate} · k={getattr(rnd, 'k', 0)} · "
+        f"{gen / passes:.2f} tok/pass"
+    )
+
+
+@dataclass(slots=True)
+class Shown:
+    """What a consumed generation produced, for --json, transcripts and the stats line."""
+
+    ids: list[int] = field(default_factory=list)
+    sources: list[str] = field(default_factory=list)
+    pieces: list[str] = field(default_factory=list)
+    notices: list[str] = field(default_factory=list)
+    stats: Stats | None = None
+    interrupted: bool = False
+
+    @property
+    def text(self) -> str:
+        return "".join(self.pieces)
+
+
+def consume(events: Generator[Event, None, None], stream: TokenStream | None, tally: object) -> Shown:
+    """Drive a generation to its end, showing tokens as they come.
+
+    Ctrl-C stops it: the generator is closed (which leaves the caches consistent), what was shown is
+    kept, and the stats so far come from the caller's tally.
+    """
+    shown = Shown()
+    try:
+        for ev in events:
+            if isinstance(ev, Token):
+                shown.ids.append(ev.id)
+                shown.sources.append(ev.source.value)
+                shown.pieces.append(ev.text)
+                if stream is not None:
+                    stream.write(ev)
+            elif isinstance(ev, Round):
+                if stream is not None:
+                    stream.status(status_text(tally, ev))
+            elif isinstance(ev, Notice):
+                shown.notices.append(ev.message)
+            elif isinstance(ev, Done):
+                shown.stats = ev.stats
+    except KeyboardInterrupt:
+        shown.interrupted = True
+        events.close()
+        shown.stats = tally.snapshot("interrupted")  # type: ignore[attr-defined]
+    finally:
+        if stream is not None:
+            stream.end()
+    return shown

@@ -26,7 +26,7 @@ from typing import Protocol
 import numpy as np
 
 from .drafters import Drafter, Proposal
-from .events import DrafterStats, Done, Event, Notice, Round, Source, Stats, Token
+from .events import Done, DrafterStats, Event, Notice, Round, Source, Stats, Token
 from .model import Model, common_prefix_len, sync_cache
 from .sampling import SamplingParams, align, greedy, probs, sample, verify
 
@@ -56,7 +56,7 @@ class FixedK:
 @dataclass(frozen=True, slots=True)
 class Settings:
     max_tokens: int = 256
-    params: SamplingParams = SamplingParams()
+    params: SamplingParams = field(default_factory=SamplingParams)
 
 
 @dataclass(slots=True)
@@ -76,7 +76,7 @@ class Tally:
     k_history: list[int] = field(default_factory=list)
     drafters: dict[str, DrafterStats] = field(default_factory=dict)
 
-    def add_round(self, rnd: Round, draft_seconds: float) -> None:
+    def add_round(self, rnd: Round) -> None:
         self.passes += 1
         self.drafted += rnd.drafted
         self.accepted += rnd.accepted
@@ -90,7 +90,11 @@ class Tally:
         if rnd.drafter is not None:
             d = self.drafters.get(rnd.drafter, DrafterStats(rnd.drafter))
             self.drafters[rnd.drafter] = DrafterStats(
-                d.name, d.rounds + 1, d.drafted + rnd.drafted, d.accepted + rnd.accepted, d.seconds + draft_seconds
+                d.name,
+                d.rounds + 1,
+                d.drafted + rnd.drafted,
+                d.accepted + rnd.accepted,
+                d.seconds + rnd.draft_seconds,
             )
 
     def snapshot(self, stop_reason: str) -> Stats:
@@ -206,9 +210,10 @@ def generate(
                 accepted=n_ok,
                 emitted=emitted,
                 seconds=now - t_verify + proposal.seconds,
+                draft_seconds=proposal.seconds,
             )
             tally.decode_seconds = now - t_decode
-            tally.add_round(rnd, proposal.seconds)
+            tally.add_round(rnd)
             planner.observe(rnd, which if drafter is not None else None)
             yield rnd
             if ended:

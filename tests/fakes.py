@@ -33,7 +33,9 @@ class FakeModel:
         self.order = order
         rng = np.random.default_rng(seed)
         self.table = (
-            table if table is not None else (rng.standard_normal((997, n_vocab)) * sharpness).astype(np.float32)
+            table
+            if table is not None
+            else (rng.standard_normal((997, n_vocab)) * sharpness).astype(np.float32)
         )
         self.decode_calls: list[tuple[int, int]] = []  # (n_tokens, n_logit_rows)
         self.truncate_calls: list[int] = []

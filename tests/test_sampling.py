@@ -44,7 +44,9 @@ def test_top_prob_is_softmax_max():
     assert p == pytest.approx(softmax(logits.astype(np.float64))[1], rel=1e-5)
 
 
-@pytest.mark.parametrize("params", [SamplingParams(temperature=0.0), SamplingParams(temperature=1.5, top_p=2.0)])
+@pytest.mark.parametrize(
+    "params", [SamplingParams(temperature=0.0), SamplingParams(temperature=1.5, top_p=2.0)]
+)
 def test_check_rejects_bad_values_only(params):
     if params.greedy:
         params.check()

@@ -17,7 +17,10 @@ from .fakes import FakeModel, plain_greedy
 PROMPT = [1, 2, 3, 4]
 
 
-def run(target, draft=None, *, k=4, n=40, p_min=0.0, params=SamplingParams(), seed=0):
+GREEDY = SamplingParams()
+
+
+def run(target, draft=None, *, k=4, n=40, p_min=0.0, params=GREEDY, seed=0):
     drafter = ModelDrafter(draft, p_min=p_min) if draft is not None else None
     events = list(
         generate(
@@ -82,7 +85,7 @@ def test_greedy_output_equals_plain_greedy(k, draft_seed):
 
 def test_plain_decoding_without_draft():
     target = FakeModel(seed=3)
-    tokens, rounds, stats = run(target, None, n=12)
+    tokens, _rounds, stats = run(target, None, n=12)
     assert [t.id for t in tokens] == plain_greedy(target, PROMPT, 12)
     assert all(t.source is Source.TARGET for t in tokens)
     assert stats.drafted == 0 and stats.target_passes == 12
@@ -127,7 +130,9 @@ def test_context_full_stops_with_notice():
     target = FakeModel(seed=1, n_ctx=20)
     draft = FakeModel(seed=1, table=target.table, n_ctx=20)
     drafter = ModelDrafter(draft, p_min=0.0)
-    events = list(generate(target, PROMPT, drafters=[drafter], planner=FixedK(4), settings=Settings(max_tokens=100)))
+    events = list(
+        generate(target, PROMPT, drafters=[drafter], planner=FixedK(4), settings=Settings(max_tokens=100))
+    )
     notices = [e for e in events if isinstance(e, Notice)]
     done = events[-1]
     assert done.stats.stop_reason == "context_full"
@@ -139,7 +144,11 @@ def test_early_close_leaves_caches_consistent():
     target = FakeModel(seed=1)
     draft = FakeModel(seed=2)
     gen = generate(
-        target, PROMPT, drafters=[ModelDrafter(draft, p_min=0.0)], planner=FixedK(5), settings=Settings(max_tokens=100)
+        target,
+        PROMPT,
+        drafters=[ModelDrafter(draft, p_min=0.0)],
+        planner=FixedK(5),
+        settings=Settings(max_tokens=100),
     )
     got = []
     for ev in gen:

@@ -1,0 +1,88 @@
+"""Plumbing shared by every command: consoles, the user-error guard, option validation.
+
+Why a guard: every failure a user can cause (bad numbers, missing files, incompatible pairs, offline)
+must end as ONE line on stderr and a non-zero exit, never a traceback; Ctrl-C exits 130; a closed
+pipe (`| head`) exits quietly. Tracebacks appear only with --verbose or SPECCHAT_DEBUG=1.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import traceback
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from .errors import BadInput, SpecchatError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+EXIT_INTERRUPTED = 130
+
+
+def err_console() -> Console:
+    return Console(stderr=True, highlight=False)
+
+
+def out_console(no_color: bool = False) -> Console:
+    """stdout console; Rich itself drops colour when stdout is not a terminal or NO_COLOR is set."""
+    return Console(highlight=False, color_system=None if no_color else "auto", soft_wrap=True)
+
+
+def fail_line(err: SpecchatError) -> str:
+    """The single line shown for a user error: what is wrong — how to fix it."""
+    msg = f"[bold red]error:[/] {escape(err.message)}"
+    if err.hint:
+        msg += f" [dim]— {escape(err.hint)}[/]"
+    return msg
+
+
+def guarded(fn: F) -> F:
+    """Decorate a Typer command so user errors, Ctrl-C and closed pipes end cleanly."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        debug = bool(kwargs.get("verbose")) or os.environ.get("SPECCHAT_DEBUG") == "1"
+        try:
+            return fn(*args, **kwargs)
+        except typer.Exit:
+            raise
+        except SpecchatError as err:
+            if debug:
+                traceback.print_exc()
+            err_console().print(fail_line(err), soft_wrap=True)
+            raise typer.Exit(err.exit_code) from None
+        except KeyboardInterrupt:
+            err_console().print("[yellow]interrupted[/]")
+            raise typer.Exit(EXIT_INTERRUPTED) from None
+        except BrokenPipeError:
+            _quiet_stdout()
+            raise typer.Exit(0) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _quiet_stdout() -> None:
+    """After EPIPE, point stdout at /dev/null so Python's exit-time flush cannot raise again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+
+
+def check_range(
+    name: str, value: float | int | None, lo: float | None = None, hi: float | None = None
+) -> None:
+    """Validate a numeric option with a one-line message (Click's own errors are a multi-line box)."""
+    if value is None:
+        return
+    if lo is not None and value < lo:
+        raise BadInput(f"{name} must be >= {lo} (got {value})")
+    if hi is not None and value > hi:
+        raise BadInput(f"{name} must be <= {hi} (got {value})")

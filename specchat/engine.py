@@ -1,0 +1,365 @@
+"""The one module that talks to llama.cpp (through llama-cpp-python's low-level ctypes API).
+
+Why the low-level API and not `Llama.generate(draft_model=...)`: that hook takes no GGUF draft model,
+reports no per-token provenance, and forces logits for every position. Here a decode asks for logits
+only on the rows the loop needs, returns them as a zero-copy numpy view, and the cache is cut back with
+`llama_memory_seq_rm`. One `llama_batch` is allocated per model and reused for every call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import llama_cpp
+import numpy as np
+
+from .errors import ContextFull, EngineError, ModelFileError
+
+
+@dataclass(frozen=True, slots=True)
+class LoadOptions:
+    """How to load one model. `gpu_layers=None` means all layers when the build can offload, else 0."""
+
+    n_ctx: int = 4096
+    gpu_layers: int | None = None
+    threads: int | None = None
+    n_batch: int = 512
+    verbose: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class VocabFacts:
+    """What the pair check compares between draft and target."""
+
+    vocab_type: int
+    n_vocab: int
+    bos: int
+    eos: int
+    add_bos: bool
+    add_eos: bool
+
+
+def _silent_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+    return None
+
+
+_SILENT_LOG = llama_cpp.llama_log_callback(_silent_log)  # kept referenced for the process's lifetime
+
+
+def set_verbose(verbose: bool) -> None:
+    """Route llama.cpp's own log to stderr (verbose) or drop it; it is noise for users otherwise."""
+    llama_cpp.llama_log_set(None if verbose else _SILENT_LOG, ctypes.c_void_p(0))
+
+
+def supports_gpu_offload() -> bool:
+    return bool(llama_cpp.llama_supports_gpu_offload())
+
+
+def backend_info() -> dict[str, object]:
+    """Build facts for `specchat doctor` and bug reports."""
+    sysinfo = llama_cpp.llama_print_system_info().decode(errors="replace").strip()
+    return {
+        "llama_cpp_python": getattr(llama_cpp, "__version__", "unknown"),
+        "gpu_offload": supports_gpu_offload(),
+        "mmap": bool(llama_cpp.llama_supports_mmap()),
+        "system_info": sysinfo,
+    }
+
+
+@contextlib.contextmanager
+def _quiet_stderr(enabled: bool) -> Iterator[None]:
+    """Some backends print on fd 2 directly during load, bypassing the log callback."""
+    if not enabled:
+        yield
+        return
+    try:
+        saved = os.dup(2)
+    except OSError:
+        yield
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
+class LlamaModel:
+    """A loaded GGUF model with its own context (KV cache) and a reusable batch.
+
+    Implements `specchat.model.Model`. `tokens` mirrors what the KV cache holds, so prefix reuse and
+    truncation are simple list arithmetic in the callers.
+    """
+
+    def __init__(self, path: Path, opts: LoadOptions, name: str | None = None) -> None:
+        self.path = Path(path)
+        self.name = name or self.path.name
+        set_verbose(opts.verbose)
+        llama_cpp.llama_backend_init()
+        mparams = llama_cpp.llama_model_default_params()
+        gpu_layers = opts.gpu_layers
+        if gpu_layers is None:
+            gpu_layers = -1 if supports_gpu_offload() else 0
+        mparams.n_gpu_layers = 2**31 - 1 if gpu_layers < 0 else gpu_layers
+        self.gpu_layers = gpu_layers
+        with _quiet_stderr(not opts.verbose):
+            model = llama_cpp.llama_model_load_from_file(str(self.path).encode(), mparams)
+        if not model:
+            raise ModelFileError(
+                f"llama.cpp could not load {self.path}",
+                "check that it is a complete GGUF file of a supported architecture; --verbose shows why",
+            )
+        self._model = model
+        self._vocab = llama_cpp.llama_model_get_vocab(model)
+        cparams = llama_cpp.llama_context_default_params()
+        cparams.n_ctx = opts.n_ctx
+        cparams.n_batch = min(opts.n_batch, opts.n_ctx)
+        cparams.n_ubatch = min(opts.n_batch, opts.n_ctx)
+        cparams.n_seq_max = 1
+        threads = opts.threads or _physical_cores()
+        cparams.n_threads = threads
+        cparams.n_threads_batch = threads
+        with _quiet_stderr(not opts.verbose):
+            ctx = llama_cpp.llama_init_from_model(model, cparams)
+        if not ctx:
+            llama_cpp.llama_model_free(model)
+            self._model = None
+            raise EngineError(
+                f"llama.cpp could not create a context of {opts.n_ctx} tokens for {self.path.name}",
+                "try a smaller --ctx-size or fewer --gpu-layers",
+            )
+        self._ctx = ctx
+        self._mem = llama_cpp.llama_get_memory(ctx)
+        # llama.cpp may round the context up (to a multiple of 256); honour what the user asked for
+        self._n_ctx = min(opts.n_ctx, int(llama_cpp.llama_n_ctx(ctx)))
+        self._n_batch = int(llama_cpp.llama_n_batch(ctx))
+        self._n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
+        self._batch = llama_cpp.llama_batch_init(self._n_batch, 0, 1)
+        self._tokens: list[int] = []
+        self._piece_buf = ctypes.create_string_buffer(256)
+        self._piece_cache: dict[int, bytes] = {}
+        self.threads = threads
+
+    # --- Model protocol ---------------------------------------------------------------------------
+    @property
+    def n_vocab(self) -> int:
+        return self._n_vocab
+
+    @property
+    def n_ctx(self) -> int:
+        return self._n_ctx
+
+    @property
+    def tokens(self) -> Sequence[int]:
+        return self._tokens
+
+    def decode(self, tokens: Sequence[int], logits_rows: Sequence[int]) -> np.ndarray:
+        """Append tokens at the next positions; one llama_decode per n_batch chunk (one in the loop)."""
+        n = len(tokens)
+        if len(self._tokens) + n > self._n_ctx:
+            raise ContextFull(
+                f"{len(self._tokens) + n} tokens do not fit in the context window of {self._n_ctx}",
+                "raise --ctx-size or shorten the prompt",
+            )
+        want = sorted(set(logits_rows))
+        out: np.ndarray | None = None
+        start = 0
+        while start < n:
+            end = min(n, start + self._n_batch)
+            rows = [r - start for r in want if start <= r < end]
+            self._decode_chunk(tokens, start, end, rows)
+            if rows:
+                view = self._logits_view(len(rows))
+                if end == n and len(want) == len(rows):
+                    out = view
+                else:  # rows spread over several chunks (long prompts only): copy them out
+                    part = view.copy()
+                    out = part if out is None else np.concatenate([out, part])
+            start = end
+        if out is None:
+            return np.empty((0, self._n_vocab), dtype=np.float32)
+        if list(want) != list(logits_rows):
+            order = [want.index(r) for r in logits_rows]
+            out = out[order]
+        return out
+
+    def _decode_chunk(self, tokens: Sequence[int], start: int, end: int, rows: Sequence[int]) -> None:
+        b = self._batch
+        base = len(self._tokens)
+        count = end - start
+        outputs = set(rows)
+        for i in range(count):
+            b.token[i] = tokens[start + i]
+            b.pos[i] = base + i
+            b.n_seq_id[i] = 1
+            b.seq_id[i][0] = 0
+            b.logits[i] = i in outputs
+        b.n_tokens = count
+        rc = llama_cpp.llama_decode(self._ctx, b)
+        if rc != 0:
+            # the failed batch may have been partly stored: drop anything past the committed tokens
+            llama_cpp.llama_memory_seq_rm(self._mem, 0, base, -1)
+            if rc == 1:
+                raise ContextFull(
+                    f"no KV cache slot for {count} tokens (context {self._n_ctx})",
+                    "raise --ctx-size or shorten the prompt",
+                )
+            raise EngineError(
+                f"llama.cpp decode failed with code {rc}",
+                "try a smaller --ctx-size or fewer --gpu-layers; --verbose shows llama.cpp's log",
+            )
+        self._tokens.extend(int(t) for t in tokens[start:end])
+
+    def _logits_view(self, n_rows: int) -> np.ndarray:
+        ptr = llama_cpp.llama_get_logits(self._ctx)
+        return np.ctypeslib.as_array(ptr, shape=(n_rows, self._n_vocab))
+
+    def truncate(self, n: int) -> None:
+        if n >= len(self._tokens):
+            return
+        if not llama_cpp.llama_memory_seq_rm(self._mem, 0, n, -1):
+            # recurrent/hybrid memories cannot drop a suffix: rebuild from the kept prefix
+            keep = self._tokens[:n]
+            llama_cpp.llama_memory_clear(self._mem, True)
+            self._tokens = []
+            if keep:
+                self.decode(keep, [])
+            return
+        del self._tokens[n:]
+
+    def is_eog(self, token: int) -> bool:
+        return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
+
+    def token_bytes(self, token: int) -> bytes:
+        cached = self._piece_cache.get(token)
+        if cached is not None:
+            return cached
+        n = llama_cpp.llama_token_to_piece(
+            self._vocab, token, self._piece_buf, len(self._piece_buf), 0, False
+        )
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
+            piece = buf.raw[:n]
+        else:
+            piece = self._piece_buf.raw[:n]
+        self._piece_cache[token] = piece
+        return piece
+
+    # --- text -------------------------------------------------------------------------------------
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        data = text.encode("utf-8")
+        cap = len(data) + 16
+        arr = (llama_cpp.llama_token * cap)()
+        n = llama_cpp.llama_tokenize(self._vocab, data, len(data), arr, cap, add_special, parse_special)
+        if n < 0:
+            cap = -n
+            arr = (llama_cpp.llama_token * cap)()
+            n = llama_cpp.llama_tokenize(self._vocab, data, len(data), arr, cap, add_special, parse_special)
+        return list(arr[:n])
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return b"".join(self.token_bytes(t) for t in tokens).decode("utf-8", errors="replace")
+
+    # --- facts ------------------------------------------------------------------------------------
+    def vocab_facts(self) -> VocabFacts:
+        v = self._vocab
+        return VocabFacts(
+            vocab_type=int(llama_cpp.llama_vocab_type(v)),
+            n_vocab=self._n_vocab,
+            bos=int(llama_cpp.llama_vocab_bos(v)),
+            eos=int(llama_cpp.llama_vocab_eos(v)),
+            add_bos=bool(llama_cpp.llama_vocab_get_add_bos(v)),
+            add_eos=bool(llama_cpp.llama_vocab_get_add_eos(v)),
+        )
+
+    def token_text(self, token: int) -> str:
+        raw = llama_cpp.llama_vocab_get_text(self._vocab, token)
+        return raw.decode("utf-8", errors="replace") if raw else ""
+
+    def is_control(self, token: int) -> bool:
+        """Control/special tokens (chat markers, unused slots): a mismatch there is only a warning."""
+        attr = int(llama_cpp.llama_vocab_get_attr(self._vocab, token))
+        special = (
+            llama_cpp.LLAMA_TOKEN_ATTR_CONTROL
+            | llama_cpp.LLAMA_TOKEN_ATTR_USER_DEFINED
+            | llama_cpp.LLAMA_TOKEN_ATTR_UNKNOWN
+            | llama_cpp.LLAMA_TOKEN_ATTR_UNUSED
+        )
+        return bool(attr & special)
+
+    def meta(self, key: str) -> str | None:
+        buf = ctypes.create_string_buffer(4096)
+        n = llama_cpp.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
+        if n < 0:
+            return None
+        if n >= len(buf):
+            buf = ctypes.create_string_buffer(n + 1)
+            llama_cpp.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
+        return buf.value.decode("utf-8", errors="replace")
+
+    @property
+    def chat_template(self) -> str | None:
+        raw = llama_cpp.llama_model_chat_template(self._model, None)
+        return raw.decode("utf-8", errors="replace") if raw else None
+
+    @property
+    def n_layer(self) -> int:
+        return int(llama_cpp.llama_model_n_layer(self._model))
+
+    def close(self) -> None:
+        """Free native memory now rather than at garbage collection (models can be gigabytes)."""
+        if getattr(self, "_batch", None) is not None:
+            llama_cpp.llama_batch_free(self._batch)
+            self._batch = None
+        if getattr(self, "_ctx", None):
+            llama_cpp.llama_free(self._ctx)
+            self._ctx = None
+        if getattr(self, "_model", None):
+            llama_cpp.llama_model_free(self._model)
+            self._model = None
+
+    def __enter__(self) -> LlamaModel:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.close()
+
+
+def _physical_cores() -> int:
+    import psutil
+
+    return psutil.cpu_count(logical=False) or os.cpu_count() or 1
+
+
+def render_chat(
+    template: str,
+    messages: Sequence[dict[str, str]],
+    *,
+    bos: str,
+    eos: str,
+    add_generation_prompt: bool = True,
+) -> str:
+    """Render a GGUF chat template with llama-cpp-python's Jinja2 formatter.
+
+    That formatter uses Jinja2's ImmutableSandboxedEnvironment: a template from a downloaded file is
+    untrusted code, and the sandbox keeps it away from Python internals.
+    """
+    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+    fmt = Jinja2ChatFormatter(
+        template=template, eos_token=eos, bos_token=bos, add_generation_prompt=add_generation_prompt
+    )
+    return fmt(messages=list(messages)).prompt

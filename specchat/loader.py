@@ -1,0 +1,146 @@
+"""From command-line references to ready models: resolve, validate, fit-check, load, pair-check.
+
+Shared by `run`, `chat` and `bench`, so each command only parses options and renders events. The
+order matters for users: cheap checks (file exists, is a whole GGUF, fits in memory) come before the
+seconds-long load, so mistakes are reported within a second.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .drafters import Drafter, ModelDrafter
+from .engine import LlamaModel, LoadOptions, render_chat
+from .errors import BadInput, ContextFull
+from .gguf_meta import read_gguf
+from .pair import check_pair
+
+NGRAM = "ngram"
+
+
+@dataclass(frozen=True, slots=True)
+class LoadConfig:
+    target: str
+    drafts: tuple[str, ...] = ()
+    ctx_size: int = 4096
+    gpu_layers: int | None = None
+    draft_gpu_layers: int | None = None
+    threads: int | None = None
+    draft_threads: int | None = None
+    p_min: float = 0.75
+    offline: bool | None = None
+    force: bool = False
+    verbose: bool = False
+
+
+@dataclass(slots=True)
+class Loaded:
+    target: LlamaModel
+    drafters: list[Drafter]
+    warnings: list[str] = field(default_factory=list)
+    draft_models: list[LlamaModel] = field(default_factory=list)
+
+    def close(self) -> None:
+        for m in self.draft_models:
+            m.close()
+        self.target.close()
+
+
+def locate(spec: str, *, offline: bool | None, console: object | None = None) -> Path:
+    """A model reference (alias, path, hf:, ORG/REPO:QUANT) to a local file, downloading if allowed."""
+    from . import hub
+    from .registry import load_registry, resolve
+
+    ref = resolve(spec, load_registry())
+    return hub.locate(ref, offline=offline, console=console)
+
+
+def load(
+    cfg: LoadConfig, *, note: Callable[[str], None] = lambda _m: None, console: object | None = None
+) -> Loaded:
+    """Resolve and load the target and its drafters. `note` receives one-line progress messages."""
+    model_specs = [d for d in cfg.drafts if d != NGRAM]
+    paths = {spec: locate(spec, offline=cfg.offline, console=console) for spec in [cfg.target, *model_specs]}
+    infos = {spec: read_gguf(p) for spec, p in paths.items()}  # not-a-GGUF / truncated: one clear line
+    _fit_check(cfg, paths, infos)
+    note(f"loading {paths[cfg.target].name}")
+    target = LlamaModel(
+        paths[cfg.target],
+        LoadOptions(n_ctx=cfg.ctx_size, gpu_layers=cfg.gpu_layers, threads=cfg.threads, verbose=cfg.verbose),
+        name=cfg.target,
+    )
+    out = Loaded(target=target, drafters=[])
+    try:
+        for spec in cfg.drafts:
+            if spec == NGRAM:
+                from .drafters import NgramDrafter
+
+                out.drafters.append(NgramDrafter())
+                continue
+            note(f"loading draft {paths[spec].name}")
+            dm = LlamaModel(
+                paths[spec],
+                LoadOptions(
+                    n_ctx=cfg.ctx_size,
+                    gpu_layers=cfg.draft_gpu_layers if cfg.draft_gpu_layers is not None else cfg.gpu_layers,
+                    threads=cfg.draft_threads or cfg.threads,
+                    verbose=cfg.verbose,
+                ),
+                name=spec,
+            )
+            out.draft_models.append(dm)
+            out.warnings.extend(check_pair(target, dm))
+            out.drafters.append(ModelDrafter(dm, p_min=cfg.p_min))
+    except BaseException:
+        out.close()
+        raise
+    return out
+
+
+def _fit_check(cfg: LoadConfig, paths: dict[str, Path], infos: dict[str, object]) -> None:
+    from . import hardware
+
+    fp = hardware.estimate_footprint([(paths[s], infos[s]) for s in paths], cfg.ctx_size)
+    from .engine import supports_gpu_offload
+
+    offload = supports_gpu_offload() and (cfg.gpu_layers is None or cfg.gpu_layers != 0)
+    hardware.fit_check(fp, gpu_offload=offload, vram_bytes=None, force=cfg.force)
+
+
+def chat_prompt(
+    target: LlamaModel, messages: Sequence[dict[str, str]], *, raw: bool = False
+) -> tuple[list[int], str | None]:
+    """Token ids for a conversation, rendered with the target's own chat template (GGUF metadata).
+
+    Returns (tokens, warning). With raw=True, or when the model has no template, the last user
+    message is used as-is (plain completion).
+    """
+    warning = None
+    template = None if raw else target.chat_template
+    if template:
+        facts = target.vocab_facts()
+        text = render_chat(
+            template,
+            messages,
+            bos=target.token_text(facts.bos) if facts.bos >= 0 else "",
+            eos=target.token_text(facts.eos) if facts.eos >= 0 else "",
+        )
+        tokens = target.tokenize(text, add_special=True, parse_special=True)
+        if len(tokens) >= 2 and tokens[0] == tokens[1] == facts.bos:
+            tokens = tokens[1:]  # templates that write BOS themselves, plus the tokenizer's own
+    else:
+        if not raw:
+            warning = "the target has no chat template; using the prompt as plain text (as with --raw)"
+        user = [m["content"] for m in messages if m["role"] == "user"]
+        text = user[-1] if user else ""
+        tokens = target.tokenize(text, add_special=True, parse_special=True)
+    if not tokens:
+        raise BadInput("the prompt is empty", "give a prompt with -p TEXT or on stdin")
+    if len(tokens) >= target.n_ctx:
+        raise ContextFull(
+            f"the prompt is {len(tokens)} tokens but the context window is {target.n_ctx}",
+            "raise --ctx-size or shorten the prompt",
+        )
+    return tokens, warning

@@ -1,0 +1,288 @@
+"""Cost-model auto-tuning: per round, draft only as far as it pays — or not at all.
+
+Speculation pays only when a verify batch of n tokens costs the target little more than one token
+and the draft is cheap and often right. On a laptop GPU / Apple Silicon V(n) ≈ V(1) and drafting
+wins; on a 2-core CPU V(6) ≈ 3.3·V(1) and a draft model loses. So we measure instead of guessing:
+
+* Calibration (once per model file + hardware + settings, cached on disk): the target's verify cost
+  V(n) for n = 1..k_max+1, and each draft model's cost per drafted token.
+* Online: per drafter, the conditional acceptance rate at each draft position (P(draft i accepted |
+  drafts before it accepted)), as decayed Beta counts so it follows the text's character; measured
+  round times refine V(n) and the draft cost as generation goes.
+* Each round, for each drafter and each k in 0..k_max, expected tokens per second
+      E(k) / (cost_draft(k) + V(k+1)),   E(k) = 1 + Σ_{j≤k} Π_{i≤j} α_i
+  (E reduces to (1 − α^(k+1))/(1 − α) when all α_i are equal; per-position rates are better because
+  acceptance falls with depth). k = 0 is plain decoding at 1/V(1). The α_i are drawn from their Beta
+  posteriors (Thompson sampling), so a drafter that starts doing well gets tried again, while one that
+  cannot win even if always right (checked with α = 1) is never tried on this hardware.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .events import Round
+from .model import Model
+
+K_MAX = 8
+DECAY = 0.97  # per observed round: ~33 rounds of memory
+EMA = 0.1  # weight of a new timing measurement
+
+
+@dataclass(slots=True)
+class Costs:
+    """Seconds: verify[n-1] = V(n) for n = 1..len(verify); draft[i] = drafter i's cost per drafted token."""
+
+    verify: list[float]
+    draft: list[float]
+
+    def v(self, n: int) -> float:
+        if n <= len(self.verify):
+            return self.verify[n - 1]
+        # beyond what was measured: extend linearly with the last measured step
+        last = self.verify[-1]
+        step = last - self.verify[-2] if len(self.verify) > 1 else last
+        return last + step * (n - len(self.verify))
+
+
+@dataclass(slots=True)
+class _Acceptance:
+    """Decayed Beta counts of conditional acceptance per draft position."""
+
+    prior_a: float
+    prior_b: float
+    a: list[float] = field(default_factory=list)
+    b: list[float] = field(default_factory=list)
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        for i in range(len(self.a)):
+            self.a[i] *= DECAY
+            self.b[i] *= DECAY
+        while len(self.a) < drafted:
+            self.a.append(0.0)
+            self.b.append(0.0)
+        for i in range(accepted):
+            self.a[i] += 1.0
+        if accepted < drafted:
+            self.b[accepted] += 1.0
+
+    def rates(self, k: int, rng: np.random.Generator | None) -> list[float]:
+        out = []
+        for i in range(k):
+            j = min(i, len(self.a) - 1)
+            a = self.prior_a + (self.a[j] if j >= 0 else 0.0)
+            b = self.prior_b + (self.b[j] if j >= 0 else 0.0)
+            out.append(float(rng.beta(a, b)) if rng is not None else a / (a + b))
+        return out
+
+
+def expected_tokens(rates: Sequence[float]) -> float:
+    """Tokens a round yields with these conditional acceptance rates: the accepted prefix + 1."""
+    total, run = 1.0, 1.0
+    for r in rates:
+        run *= r
+        total += run
+    return total
+
+
+def best_k(rates: Sequence[float], v: list[float], draft_cost: float) -> tuple[int, float]:
+    """(k, tokens/second) maximising E(k)/(k·draft_cost + V(k+1)); k = 0 is plain decoding."""
+    best, best_speed = 0, 1.0 / v[0]
+    for k in range(1, len(rates) + 1):
+        speed = expected_tokens(rates[:k]) / (k * draft_cost + v[k])
+        if speed > best_speed:
+            best, best_speed = k, speed
+    return best, best_speed
+
+
+class AutoPlanner:
+    """Chooses (drafter, k) per round from measured costs and online acceptance."""
+
+    def __init__(
+        self,
+        costs: Costs,
+        priors: Sequence[tuple[float, float]],
+        *,
+        k_max: int = K_MAX,
+        rng: np.random.Generator | None = None,
+        explore: bool = True,
+        learn_costs: bool = True,
+    ) -> None:
+        self.costs = costs
+        self.k_max = k_max
+        self.acc = [_Acceptance(a, b) for a, b in priors]
+        self.rng = rng if rng is not None else np.random.default_rng(0)
+        self.explore = explore
+        self.learn_costs = learn_costs  # off under --seed: timing noise must not change the choices
+        self.last_choice: tuple[int | None, int] = (None, 0)
+
+    def _verify_curve(self, k_max: int) -> list[float]:
+        return [self.costs.v(n) for n in range(1, k_max + 2)]
+
+    def can_pay(self, drafter: int) -> bool:
+        """Whether this drafter could beat plain decoding even if every draft were accepted."""
+        v = self._verify_curve(self.k_max)
+        k, _ = best_k([1.0] * self.k_max, v, self.costs.draft[drafter])
+        return k > 0
+
+    def plan(self, max_k: int) -> tuple[int | None, int]:
+        k_cap = min(self.k_max, max_k)
+        if k_cap <= 0:
+            self.last_choice = (None, 0)
+            return self.last_choice
+        v = self._verify_curve(k_cap)
+        choice: tuple[int | None, int] = (None, 0)
+        best_speed = 1.0 / v[0]
+        for i, acc in enumerate(self.acc):
+            if not self.can_pay(i):
+                continue
+            rates = acc.rates(k_cap, self.rng if self.explore else None)
+            k, speed = best_k(rates, v, self.costs.draft[i])
+            if k > 0 and speed > best_speed:
+                choice, best_speed = (i, k), speed
+        self.last_choice = choice
+        return choice
+
+    def observe(self, rnd: Round, drafter: int | None) -> None:
+        n = rnd.drafted + 1
+        verify_s = rnd.seconds - rnd.draft_seconds
+        if self.learn_costs and n <= len(self.costs.verify) and verify_s > 0:
+            self.costs.verify[n - 1] += EMA * (verify_s - self.costs.verify[n - 1])
+        if drafter is None:
+            return
+        self.acc[drafter].observe(rnd.drafted, rnd.accepted)
+        if self.learn_costs and rnd.k > 0 and rnd.draft_seconds > 0:
+            per = rnd.draft_seconds / rnd.k
+            self.costs.draft[drafter] += EMA * (per - self.costs.draft[drafter])
+
+
+# --- calibration ------------------------------------------------------------------------------------
+
+
+def _median_time(fn, reps: int) -> float:  # type: ignore[no-untyped-def]
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def measure_verify(model: Model, n_max: int, *, reps: int = 3, filler: int = 16) -> list[float]:
+    """V(n) for n = 1..n_max: seconds to decode n tokens with logits for all n rows."""
+    base = list(model.tokens)
+    probe = [t % model.n_vocab for t in range(100, 100 + filler + n_max)]
+    if not base:
+        model.decode(probe[:filler], [])
+    start = len(model.tokens)
+    out = []
+    for n in range(1, n_max + 1):
+        toks = probe[filler : filler + n]
+
+        def step(toks: list[int] = toks) -> None:
+            model.decode(toks, list(range(len(toks))))
+            model.truncate(start)
+
+        step()  # warm-up: first use of a batch size allocates buffers
+        out.append(_median_time(step, reps))
+    model.truncate(len(base))
+    # a longer batch never costs less than a shorter one; smooth out timer noise
+    for i in range(1, len(out)):
+        out[i] = max(out[i], out[i - 1])
+    return out
+
+
+def measure_draft(model: Model, *, reps: int = 5) -> float:
+    """Seconds per drafted token: one single-token decode with one logits row."""
+    v = measure_verify(model, 1, reps=reps)
+    return v[0]
+
+
+def _cache_file() -> Path:
+    home = os.environ.get("SPECCHAT_HOME") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "specchat"
+    )
+    return Path(home) / "calibration.json"
+
+
+def _key(model: object, extra: str) -> str:
+    """Identity of a measurement: file (path, size, mtime), threads, offload, build, machine."""
+    path = getattr(model, "path", None)
+    parts = [extra, platform.machine(), platform.processor(), str(os.cpu_count())]
+    if path is not None:
+        st = Path(path).stat()
+        parts += [str(Path(path).resolve()), str(st.st_size), str(int(st.st_mtime))]
+    parts += [str(getattr(model, "threads", "")), str(getattr(model, "gpu_layers", ""))]
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:24]
+
+
+def calibrate(
+    target: Model,
+    draft_models: Sequence[Model | None],
+    *,
+    k_max: int = K_MAX,
+    backend: str = "",
+    use_cache: bool = True,
+) -> Costs:
+    """Measured costs, from the on-disk cache when the same files/hardware were measured before."""
+    cache_path = _cache_file()
+    cache: dict[str, object] = {}
+    if use_cache:
+        try:
+            cache = json.loads(cache_path.read_text())
+        except (OSError, ValueError):
+            cache = {}
+    tkey = "verify:" + _key(target, f"{backend}:{k_max}")
+    verify = cache.get(tkey)
+    if not (isinstance(verify, list) and len(verify) == k_max + 1):
+        verify = measure_verify(target, k_max + 1)
+        cache[tkey] = verify
+    draft: list[float] = []
+    for dm in draft_models:
+        if dm is None:  # a model-free drafter: its cost is measured online and is ~0
+            draft.append(0.0)
+            continue
+        dkey = "draft:" + _key(dm, backend)
+        c = cache.get(dkey)
+        if not isinstance(c, float):
+            c = measure_draft(dm)
+            cache[dkey] = c
+        draft.append(c)
+    if use_cache:
+        try:
+            cache_path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = cache_path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(cache, indent=1))
+            tmp.replace(cache_path)
+        except OSError:
+            pass  # a read-only cache dir only costs a re-measurement next time
+    return Costs(verify=[float(x) for x in verify], draft=draft)
+
+
+def make_planner(loaded: object, k: int | None, *, seed: int | None = None):  # type: ignore[no-untyped-def]
+    """FixedK for `-k N`, the cost-model AutoPlanner for `-k auto`.
+
+    With a seed, the planner's choices must not depend on timing (they decide how the sampler's random
+    stream is consumed), so costs stay at their cached calibration and exploration uses the seed.
+    """
+    from .drafters import ModelDrafter
+    from .engine import backend_info
+    from .speculative import FixedK
+
+    drafters = getattr(loaded, "drafters", [])
+    if k is not None or not drafters:
+        return FixedK(k if k is not None else 0)
+    models = [d.model if isinstance(d, ModelDrafter) else None for d in drafters]
+    costs = calibrate(loaded.target, models, backend=str(backend_info().get("system_info", "")))  # type: ignore[attr-defined]
+    priors = [(3.0, 2.0) if m is not None else (1.0, 1.0) for m in models]
+    return AutoPlanner(costs, priors, rng=np.random.default_rng(seed), learn_costs=seed is None)

@@ -1,0 +1,66 @@
+"""N-gram prompt-lookup drafter."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from specchat.drafters import NgramDrafter
+from specchat.events import Source, Token
+from specchat.sampling import SamplingParams
+from specchat.speculative import FixedK, Settings, generate
+
+from .fakes import FakeModel, plain_greedy
+
+G = SamplingParams()
+RNG = np.random.default_rng(0)
+
+
+def test_proposes_continuation_of_longest_recent_match():
+    d = NgramDrafter(max_n=3)
+    ctx = [5, 6, 7, 8, 9, 1, 2, 6, 7, 3, 4, 6, 7]
+    # last 2 tokens (6, 7) occurred at 1..2 and 7..8; the most recent earlier one is followed by 3, 4
+    assert d.propose(ctx, 3, G, RNG).tokens == [3, 4, 6]
+    # with a 3-gram match available it wins over the shorter one
+    ctx2 = [1, 2, 3, 9, 9, 5, 2, 3, 8, 1, 2, 3]
+    assert d.propose(ctx2, 2, G, RNG).tokens == [9, 9]
+
+
+def test_no_match_proposes_nothing_and_context_change_reindexes():
+    d = NgramDrafter()
+    assert d.propose([1, 2, 3, 4], 4, G, RNG).tokens == []
+    assert d.propose([7, 8, 7], 2, G, RNG).tokens == [8, 7]
+    assert d.propose([1, 2, 1], 2, G, RNG).tokens == [2, 1]  # a different context, not an extension
+
+
+@settings(max_examples=80, deadline=None)
+@given(ctx=st.lists(st.integers(0, 5), min_size=1, max_size=60), k=st.integers(1, 8))
+def test_property_proposal_is_a_real_earlier_continuation(ctx, k):
+    d = NgramDrafter(max_n=4)
+    tokens = d.propose(ctx, k, G, RNG).tokens
+    assert len(tokens) <= k
+    if tokens:
+        # the proposal must appear in the context right after an occurrence of its last token
+        n = len(ctx)
+        found = any(ctx[end : end + len(tokens)] == tokens and ctx[end - 1] == ctx[-1] for end in range(1, n))
+        assert found
+
+
+def test_loop_with_ngram_is_exact_and_labelled():
+    # a target that repeats a cycle: prompt lookup should draft it perfectly after one period
+    vocab = 6
+    table = np.full((997, vocab), -5.0, dtype=np.float32)
+    target = FakeModel(n_vocab=vocab, table=table, order=1)
+    for t in range(vocab):
+        target.table[hash((t,)) % 997][(t + 1) % vocab] = 5.0
+    prompt = [0, 1, 2, 3, 4, 5, 0]
+    events = list(
+        generate(
+            target, prompt, drafters=[NgramDrafter()], planner=FixedK(4), settings=Settings(max_tokens=30)
+        )
+    )
+    toks = [e for e in events if isinstance(e, Token)]
+    assert [t.id for t in toks] == plain_greedy(target, prompt, 30)
+    assert sum(t.source is Source.NGRAM for t in toks) >= 20
+    assert events[-1].stats.acceptance_rate == 1.0

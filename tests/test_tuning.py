@@ -1,0 +1,97 @@
+"""Cost-model auto-tuning: the decision rule, online learning, calibration and its cache."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from specchat.events import Round
+from specchat.tuning import AutoPlanner, Costs, best_k, calibrate, expected_tokens, measure_verify
+
+from .fakes import FakeModel
+
+# measured on the 2-core CI machine for the default pair (issue 5): V(1..9) in seconds
+CPU_V = [0.035, 0.051, 0.065, 0.077, 0.095, 0.114, 0.138, 0.162, 0.180]
+GPU_V = [0.010] * 9  # a verify batch costs what one token costs
+
+
+def test_expected_tokens_matches_geometric_formula():
+    a = 0.7
+    for k in range(6):
+        assert expected_tokens([a] * k) == pytest.approx((1 - a ** (k + 1)) / (1 - a))
+
+
+def test_draft_model_never_pays_on_this_cpu_even_if_always_right():
+    k, _ = best_k([1.0] * 8, CPU_V, draft_cost=0.6 * CPU_V[0])
+    assert k == 0
+
+
+def test_free_drafts_pay_on_cpu_when_often_right_and_gpu_drafts_go_deep():
+    k_cpu, speed = best_k([0.8] * 8, CPU_V, draft_cost=0.0)
+    assert k_cpu > 0 and speed > 1 / CPU_V[0]
+    k_low, _ = best_k([0.3] * 8, CPU_V, draft_cost=0.0)
+    assert k_low == 0
+    k_gpu, _ = best_k([0.8] * 8, GPU_V, draft_cost=0.1 * GPU_V[0])
+    assert k_gpu >= 4
+
+
+def simulate(planner: AutoPlanner, accept_prob: list[float], rounds: int, seed: int = 0) -> list[tuple]:
+    """Feed the planner rounds whose drafts are accepted with the given per-drafter probability."""
+    rng = np.random.default_rng(seed)
+    choices = []
+    for _ in range(rounds):
+        which, k = planner.plan(100)
+        choices.append((which, k))
+        if which is None:
+            planner.observe(Round(None, 0, 0, 0, 1, CPU_V[0]), None)
+            continue
+        acc = 0
+        while acc < k and rng.random() < accept_prob[which]:
+            acc += 1
+        planner.observe(Round("d", k, k, acc, acc + 1, planner.costs.v(k + 1)), which)
+    return choices
+
+
+def test_planner_stops_drafting_with_a_useless_drafter():
+    planner = AutoPlanner(Costs(list(CPU_V), [0.0]), [(1.0, 1.0)], rng=np.random.default_rng(1))
+    choices = simulate(planner, [0.05], 300)
+    late = choices[100:]
+    assert sum(k > 0 for _, k in late) / len(late) < 0.1
+
+
+def test_planner_drafts_with_a_good_free_drafter_and_prefers_the_better_one():
+    planner = AutoPlanner(
+        Costs(list(CPU_V), [0.0, 0.0]), [(1.0, 1.0), (1.0, 1.0)], rng=np.random.default_rng(2)
+    )
+    choices = simulate(planner, [0.3, 0.9], 300)
+    late = choices[100:]
+    assert sum(w == 1 for w, _ in late) / len(late) > 0.8
+    assert np.mean([k for _, k in late]) >= 2
+
+
+def test_draft_model_is_never_tried_where_it_cannot_pay():
+    planner = AutoPlanner(Costs(list(CPU_V), [0.6 * CPU_V[0]]), [(3.0, 2.0)], rng=np.random.default_rng(3))
+    assert not planner.can_pay(0)
+    assert all(k == 0 for _, k in simulate(planner, [0.95], 50))
+
+
+def test_measure_verify_restores_cache_and_is_monotone():
+    m = FakeModel(n_vocab=32)
+    m.decode([1, 2, 3], [])
+    v = measure_verify(m, 5, reps=2)
+    assert len(v) == 5 and all(b >= a for a, b in itertools.pairwise(v))
+    assert list(m.tokens) == [1, 2, 3]
+
+
+def test_calibration_is_cached(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECCHAT_HOME", str(tmp_path))
+    t, d = FakeModel(n_vocab=32), FakeModel(n_vocab=32)
+    c1 = calibrate(t, [d, None], k_max=4)
+    assert len(c1.verify) == 5 and c1.draft[1] == 0.0
+    calls = len(t.decode_calls), len(d.decode_calls)
+    c2 = calibrate(t, [d, None], k_max=4)
+    assert (len(t.decode_calls), len(d.decode_calls)) == calls  # nothing re-measured
+    assert c2.verify == c1.verify
+    assert (tmp_path / "calibration.json").exists()
