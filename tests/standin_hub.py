@@ -147,8 +147,11 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._json(
                     [_tree_entry(name, data) for name, data in sorted(files.items())], head=head
                 )
-        elif path.startswith("/api/"):
-            return self._json([], head=head)  # e.g. the reachability probe
+        elif path == "/api/models":
+            return self._json([], head=head)  # specchat's reachability probe
+        elif path == "/api/agent-harnesses":
+            # huggingface_hub 2.x fetches this once per process for its user agent; it wants a dict.
+            return self._json({"standardEnvVars": [], "harnesses": {}}, head=head)
         elif len(parts) >= 5 and parts[2] == "resolve":
             repo, filename = f"{parts[0]}/{parts[1]}", "/".join(parts[4:])
             if repo not in self.hub.repos:
