@@ -13,7 +13,7 @@ from pathlib import Path
 
 from .drafters import Drafter, ModelDrafter
 from .engine import LlamaModel, LoadOptions, render_chat
-from .errors import BadInput, ContextFull
+from .errors import BadInput, ContextFull, ModelFileError
 from .gguf_meta import read_gguf
 from .pair import check_pair
 
@@ -121,7 +121,8 @@ def chat_prompt(
     template = None if raw else target.chat_template
     if template:
         facts = target.vocab_facts()
-        text = render_chat(
+        text = _render_untrusted(
+            target,
             template,
             messages,
             bos=target.token_text(facts.bos) if facts.bos >= 0 else "",
@@ -144,3 +145,35 @@ def chat_prompt(
             "raise --ctx-size or shorten the prompt",
         )
     return tokens, warning
+
+
+def _render_untrusted(
+    target: LlamaModel, template: str, messages: Sequence[dict[str, str]], *, bos: str, eos: str
+) -> str:
+    """Render a chat template taken from a GGUF file, turning any failure into one user-facing line.
+
+    The template is untrusted code from whoever made the file. The Jinja2 sandbox stops it reaching
+    Python internals (SecurityError), but the exception would otherwise surface as a traceback; and a
+    template may also be broken, or refuse a conversation on purpose (`raise_exception`, e.g. "no
+    system role"). None of these is a bug in specchat, so all become a SpecchatError naming the file;
+    for the sandbox case the message says what happened without repeating what the template tried.
+    """
+    from jinja2.exceptions import SecurityError
+
+    from .render import terminal_safe
+
+    name = target.path.name
+    try:
+        return render_chat(template, messages, bos=bos, eos=eos)
+    except SecurityError as exc:
+        raise ModelFileError(
+            f"the chat template in {name} tried to reach Python internals; the sandbox refused it",
+            hint="the file may be malicious: use a model from a source you trust, or --raw to skip "
+            "its template",
+        ) from exc
+    except Exception as exc:  # untrusted code: whatever it raises is the file's problem, not ours
+        detail = terminal_safe(" ".join(str(exc).split()))[:200] or type(exc).__name__
+        raise ModelFileError(
+            f"the chat template in {name} failed: {detail}",
+            hint="--raw skips the template (the prompt is then used as plain text)",
+        ) from exc
