@@ -29,9 +29,22 @@ def err_console() -> Console:
     return Console(stderr=True, highlight=False)
 
 
+class _StdoutConsole(Console):
+    """A Console for stdout whose closed pipe ends the command like every other closed pipe.
+
+    Rich's own reaction to EPIPE is `SystemExit(1)` from deep inside print(), which skips `guarded`:
+    `specchat run ... | head -c 20` then exited 1 while the same run with --json exited 0. Raising
+    BrokenPipeError instead lets `guarded` quiet stdout and exit 0 in both cases.
+    """
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True  # later prints (the stream's final newline) are dropped, not retried
+        raise BrokenPipeError("stdout was closed by the reader")
+
+
 def out_console(no_color: bool = False) -> Console:
     """stdout console; Rich itself drops colour when stdout is not a terminal or NO_COLOR is set."""
-    return Console(highlight=False, color_system=None if no_color else "auto", soft_wrap=True)
+    return _StdoutConsole(highlight=False, color_system=None if no_color else "auto", soft_wrap=True)
 
 
 def fail_line(err: SpecchatError) -> str:
