@@ -1,0 +1,538 @@
+"""`specchat bench`: the command, its progress display and its report (tables, bar chart, audit, prediction).
+
+The measuring lives in `bench.py` and prints nothing; this module parses options, loads models, shows
+progress on stderr, and renders the result with Rich (or prints it as JSON). Results go to stdout, so
+`specchat bench ... --json > results.json` keeps a clean file while progress stays on the terminal.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shlex
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from rich.console import Console, Group
+from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
+
+from .cli import (
+    CtxOpt,
+    DraftGpuOpt,
+    DraftOpt,
+    ForceOpt,
+    GpuOpt,
+    MaxTokOpt,
+    OfflineOpt,
+    PMinOpt,
+    TargetArg,
+    ThreadsOpt,
+    VerboseOpt,
+)
+from .cli_common import check_range, err_console, guarded, out_console
+from .errors import BadInput
+
+if TYPE_CHECKING:
+    from .bench import BenchPrompt, BenchResult, Config, PreparedPrompt, ServerModel
+    from .loader import Loaded
+
+EXPORT_FORMATS = ("llama-server",)
+BAR_WIDTH = 36
+REPORT_WIDTH = 150  # columns when stdout is not a terminal
+_EIGHTHS = " ▏▎▍▌▋▊▉"
+
+
+BENCH_HELP = "\n\n".join(
+    [
+        "Measure plain vs speculative decoding side by side, check exactness, predict GPU speedups.",
+        "For every prompt it runs plain decoding, each drafter at each fixed k (--ks), each drafter under "
+        "the cost model (auto) and all drafters together, interleaved so machine noise hits all alike. "
+        "It reports decode tokens/s (median of --repeats), speedup vs plain, acceptance, tokens per target "
+        "pass and acceptance by draft position.",
+        "Greedy outputs are teacher-forced through the target one token at a time to confirm each token is "
+        "its argmax (ties within 0.05 logits allowed); exits 1 if that audit fails.",
+        "Without --draft, the target's recommended draft model and `ngram` are compared.",
+        "Examples:",
+        "specchat bench qwen2.5-coder-1.5b --draft qwen2.5-coder-0.5b --draft ngram",
+        "specchat bench ./target.gguf --draft ngram --prompts my_prompts.jsonl --json > bench.json",
+        "specchat bench qwen2.5-coder-1.5b --draft qwen2.5-coder-0.5b --export llama-server",
+    ]
+)
+
+
+def register(app: typer.Typer) -> None:
+    """Add `bench` to the app (called by cli._register_more)."""
+    app.command("bench", help=BENCH_HELP)(guarded(bench))
+
+
+def bench(
+    target: TargetArg,
+    draft: DraftOpt = None,
+    prompts: Annotated[
+        str | None,
+        typer.Option(
+            "--prompts",
+            metavar="FILE",
+            help='JSONL file of {"name": ..., "prompt": ...} lines (default: the built-in suite: code, '
+            "code edits, chat, creative, JSON, non-English).",
+        ),
+    ] = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print one JSON document instead of tables.")
+    ] = False,
+    max_tokens: MaxTokOpt = 128,
+    repeats: Annotated[
+        int,
+        typer.Option("--repeats", "-r", help="Runs of every configuration per prompt (medians reported)."),
+    ] = 3,
+    ks: Annotated[
+        str, typer.Option("--ks", help="Fixed draft lengths to measure for each drafter, comma-separated.")
+    ] = "1,2,3,5",
+    export: Annotated[
+        str | None,
+        typer.Option(
+            "--export",
+            metavar="FORMAT",
+            help="Print the equivalent `llama-server` command line (FORMAT: llama-server) and exit; "
+            "nothing is loaded or run.",
+        ),
+    ] = None,
+    p_min: PMinOpt = None,
+    ctx_size: CtxOpt = 4096,
+    gpu_layers: GpuOpt = None,
+    draft_gpu_layers: DraftGpuOpt = None,
+    threads: ThreadsOpt = None,
+    no_audit: Annotated[
+        bool, typer.Option("--no-audit", help="Skip the exactness audit (saves one decode per output token).")
+    ] = False,
+    offline: OfflineOpt = False,
+    force: ForceOpt = False,
+    verbose: VerboseOpt = False,
+) -> None:
+    """Measure plain vs speculative decoding side by side, check exactness, predict GPU speedups.
+
+    The user-facing help is BENCH_HELP (Typer keeps a docstring's line breaks, which wrap badly).
+    """
+    from . import bench as core
+
+    check_range("--max-tokens", max_tokens, 1)
+    check_range("--repeats", repeats, 1, 100)
+    check_range("--ctx-size", ctx_size, 16)
+    check_range("--threads", threads, 1)
+    if p_min is not None and not (0 <= p_min <= 1):
+        raise BadInput(f"--draft-p-min must be in [0, 1] (got {p_min})")
+    fixed_ks = core.parse_ks(ks)
+    if export is not None and export not in EXPORT_FORMATS:
+        raise BadInput(f"unknown --export format {export!r}", f"use one of: {', '.join(EXPORT_FORMATS)}")
+    suite = core.load_prompts(prompts) if prompts is not None else list(core.SUITE)  # before any slow load
+    drafts = tuple(dict.fromkeys(draft)) if draft else _default_drafts(target)
+    p_min_val = p_min if p_min is not None else 0.75  # the bench is greedy: run's greedy default
+    err = err_console()
+
+    if export is not None:
+        _print_export(
+            target,
+            drafts,
+            p_min=p_min_val,
+            gpu_layers=gpu_layers,
+            draft_gpu_layers=draft_gpu_layers,
+            ctx_size=ctx_size,
+            threads=threads,
+            err=err,
+        )
+        return
+    if not drafts:
+        raise BadInput("nothing to compare plain decoding with", "give --draft MODEL and/or --draft ngram")
+
+    from . import loader
+
+    cfg = loader.LoadConfig(
+        target=target,
+        drafts=drafts,
+        ctx_size=ctx_size,
+        gpu_layers=gpu_layers,
+        draft_gpu_layers=draft_gpu_layers,
+        threads=threads,
+        p_min=p_min_val,
+        offline=offline or None,
+        force=force,
+        verbose=verbose,
+    )
+    with err.status("loading models…") as status:
+        loaded = loader.load(cfg, note=lambda m: status.update(m), console=err)
+    try:
+        prepared = _prepare(loaded, suite, max_tokens, err)
+        configs = core.default_configs([d.name for d in loaded.drafters], fixed_ks)
+        meta = _meta(loaded, drafts)
+        result = _run_with_progress(loaded, prepared, configs, max_tokens, repeats, not no_audit, meta, err)
+    finally:
+        loaded.close()
+
+    if as_json:
+        print(json.dumps(result.to_dict(), ensure_ascii=False))
+    else:
+        render_report(result, _report_console())
+    if not result.audit_ok:
+        bad = sum(len(a.failures) for a in result.audits)
+        raise BadInput(
+            f"exactness audit failed: {bad} token(s) are not the target's greedy choice "
+            f"(worst logit gap {result.worst_gap:.3f} > {result.tolerance})",
+            "this is a bug in speculative decoding; please report it with the --json output",
+        )
+
+
+# --- steps of the command --------------------------------------------------------------------------------
+
+
+def _default_drafts(target: str) -> tuple[str, ...]:
+    """The registry's recommended draft for an alias target, plus the model-free n-gram drafter."""
+    from .registry import load_registry
+
+    rec = load_registry().recommended_draft(target)
+    return (rec, "ngram") if rec else ("ngram",)
+
+
+def _prepare(loaded: Loaded, suite: list[BenchPrompt], max_tokens: int, err: Console) -> list[PreparedPrompt]:
+    """Each prompt through the target's chat template, checked to fit with its answer in the context."""
+    from .bench import PreparedPrompt
+    from .loader import chat_prompt
+
+    target = loaded.target
+    out = []
+    warned: set[str] = set()
+    for w in loaded.warnings:
+        err.print(f"[yellow]warning:[/] {escape(w)}", highlight=False)
+    for p in suite:
+        tokens, warning = chat_prompt(target, [{"role": "user", "content": p.text}])
+        if warning and warning not in warned:
+            warned.add(warning)
+            err.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
+        if len(tokens) + max_tokens > target.n_ctx:
+            raise BadInput(
+                f"prompt {p.name!r} is {len(tokens)} tokens; with --max-tokens {max_tokens} it needs a "
+                f"context of {len(tokens) + max_tokens} (have {target.n_ctx})",
+                "raise --ctx-size or lower --max-tokens",
+            )
+        out.append(PreparedPrompt(p.name, p.category, tuple(tokens)))
+    return out
+
+
+def _meta(loaded: Loaded, drafts: tuple[str, ...]) -> dict[str, object]:
+    """Where and with what the numbers were measured, for the JSON document and the report header."""
+    from .engine import backend_info
+
+    target = loaded.target
+    info = backend_info()
+    return {
+        "target": str(target.path),
+        "draft_specs": list(drafts),
+        "draft_models": [str(m.path) for m in loaded.draft_models],
+        "machine": {
+            "platform": platform.platform(),
+            "machine": platform.machine(),
+            "cpu_count": os.cpu_count(),
+            "threads": target.threads,
+            "gpu_layers": target.gpu_layers,
+            "gpu_offload": info.get("gpu_offload"),
+            "llama_cpp_python": info.get("llama_cpp_python"),
+            "system_info": info.get("system_info"),
+        },
+    }
+
+
+def _run_with_progress(
+    loaded: Loaded,
+    prepared: list[PreparedPrompt],
+    configs: list[Config],
+    max_tokens: int,
+    repeats: int,
+    audit: bool,
+    meta: dict[str, object],
+    err: Console,
+) -> BenchResult:
+    """Run the benchmark with a progress bar on stderr when it is a terminal (silent otherwise)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from .bench import run_bench
+
+    def go(progress: Callable[[int, int, str], None] | None = None) -> BenchResult:
+        return run_bench(
+            loaded.target,
+            loaded.drafters,
+            prepared,
+            configs,
+            max_tokens=max_tokens,
+            repeats=repeats,
+            audit=audit,
+            meta=meta,
+            progress=progress,
+        )
+
+    if not err.is_terminal:
+        return go()
+    with Progress(
+        TextColumn("[progress.description]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+    ) as bar:
+        task = bar.add_task("benchmark", total=None)
+
+        def show(done: int, total: int, label: str) -> None:
+            bar.update(task, completed=done, total=total, description=escape(label))
+
+        return go(show)
+
+
+def _print_export(
+    target: str,
+    drafts: tuple[str, ...],
+    *,
+    p_min: float,
+    gpu_layers: int | None,
+    draft_gpu_layers: int | None,
+    ctx_size: int,
+    threads: int | None,
+    err: Console,
+) -> None:
+    """The llama-server command line on stdout (copy-pasteable), notes about it on stderr."""
+    from .bench import llama_server_command
+    from .tuning import K_MAX
+
+    argv, notes = llama_server_command(
+        _server_model(target),
+        [_server_model(d) for d in drafts if d != "ngram"],
+        ngram="ngram" in drafts,
+        draft_max=K_MAX,
+        p_min=p_min,
+        gpu_layers=gpu_layers,
+        draft_gpu_layers=draft_gpu_layers,
+        ctx_size=ctx_size,
+        threads=threads,
+    )
+    print(shlex.join(argv))
+    for note in notes:
+        err.print(f"[dim]note: {escape(note)}[/]", highlight=False, soft_wrap=True)
+
+
+def _server_model(spec: str) -> ServerModel:
+    """A model reference as llama-server should see it: the local file when there is one (never
+    downloading anything), else the Hub repository llama-server can fetch itself."""
+    from . import hub
+    from .bench import ServerModel
+    from .registry import load_registry, resolve
+
+    ref = resolve(spec, load_registry())
+    if ref.path is not None:
+        return ServerModel(path=str(ref.path), label=spec)
+    found = hub.cached_path(ref)
+    if found is not None:
+        return ServerModel(path=str(found), label=spec)
+    return ServerModel(repo=ref.repo, file=ref.file, quant=ref.quant, label=spec)
+
+
+def _report_console() -> Console:
+    """stdout at the terminal's width; when redirected (a file, a README), wide enough for every column."""
+    console = out_console()
+    if console.is_terminal:
+        return console
+    return Console(highlight=False, color_system=None, width=REPORT_WIDTH)
+
+
+# --- the report ------------------------------------------------------------------------------------------
+
+
+def _speed_style(x: float | None) -> str:
+    if x is None:
+        return "dim"
+    return "green" if x >= 1.0 else ("yellow" if x >= 0.97 else "red")
+
+
+def _x(x: float | None) -> Text:
+    return Text("–", style="dim") if x is None else Text(f"{x:.2f}×", style=_speed_style(x))
+
+
+def _positions(rates: tuple[float, ...], n: int = 6) -> str:
+    return " ".join(f"{r * 100:.0f}" for r in rates[:n]) + ("%" if rates else "–")
+
+
+def header(result: BenchResult) -> Text:
+    """One line: what was compared, how many times, on what."""
+    machine = result.meta.get("machine", {}) if isinstance(result.meta.get("machine"), dict) else {}
+    target = os.path.basename(str(result.meta.get("target", "target")))
+    parts = [
+        f"target {target}",
+        f"drafters {', '.join(result.drafters) or '–'}",
+        f"{len(result.prompts)} prompts × {len(result.configs)} configs × {result.repeats} runs, interleaved",
+        f"max {result.max_tokens} tokens, greedy",
+    ]
+    if machine:
+        parts.append(f"{machine.get('cpu_count')} CPUs, {machine.get('threads')} threads")
+        parts.append("GPU offload" if machine.get("gpu_offload") else "CPU only")
+    return Text(" · ".join(parts), style="dim")
+
+
+def summary_table(result: BenchResult) -> Table:
+    """Every configuration across all prompts: the table to read first."""
+    t = Table(title="Decode speed by configuration (medians of each prompt's runs)", title_justify="left")
+    t.add_column("config", no_wrap=True)
+    t.add_column("tok/s", justify="right")
+    t.add_column("speedup", justify="right")
+    t.add_column("worst", justify="right")
+    t.add_column("vs best k", justify="right")
+    t.add_column("accept", justify="right")
+    t.add_column("tok/pass", justify="right")
+    t.add_column("mean k", justify="right")
+    t.add_column("accept by position", no_wrap=True)
+    for cfg, s in zip(result.configs, result.summaries, strict=True):
+        plain = cfg.plain
+        t.add_row(
+            Text(cfg.name, style="bold" if cfg.auto else ""),
+            f"{s.median_tokens_per_second:.1f}",
+            _x(None if plain else s.geomean_speedup),
+            Text("–", style="dim") if plain else Text.assemble(_x(s.worst_speedup), f" {s.worst_prompt}"),
+            _x(s.worst_vs_best_fixed) if cfg.auto else Text("–", style="dim"),
+            "–" if plain else f"{s.acceptance_rate:.0%}",
+            f"{s.tokens_per_pass:.2f}",
+            "–" if plain else f"{s.mean_k:.2f}",
+            "–" if plain else _positions(s.acceptance_by_position),
+        )
+    t.caption = (
+        "speedup: geometric mean over prompts of (tok/s ÷ plain tok/s), same run · worst: lowest prompt · "
+        "vs best k: auto ÷ the best of plain and fixed k in hindsight, worst prompt"
+    )
+    return t
+
+
+def prompt_table(result: BenchResult) -> Table:
+    """Per prompt: plain tokens/s, and every other configuration's speedup over it."""
+    t = Table(title="Per prompt: plain tok/s, then speedup vs plain", title_justify="left")
+    t.add_column("config", no_wrap=True)
+    for p in result.prompts:
+        t.add_column(p.name, justify="right")
+    for cfg in result.configs:
+        cells = [result.cell(p.name, cfg.name) for p in result.prompts]
+        if cfg.plain:
+            t.add_row(cfg.name, *(f"{c.tokens_per_second:.1f}" for c in cells), end_section=True)
+        else:
+            t.add_row(cfg.name, *(_x(c.speedup) for c in cells))
+    return t
+
+
+def bar(value: float, scale: float, width: int = BAR_WIDTH) -> str:
+    """A horizontal bar of `value / scale * width` cells, in eighths of a cell."""
+    eighths = max(0, round(value / scale * width * 8)) if scale > 0 else 0
+    full, part = divmod(min(eighths, width * 8), 8)
+    return "█" * full + (_EIGHTHS[part] if part else "")
+
+
+def speedup_chart(result: BenchResult, width: int = BAR_WIDTH) -> Text:
+    """Bars of geometric-mean speedup per configuration; ┊ marks plain decoding (1.00×)."""
+    rows = [
+        (c.name, 1.0 if c.plain else s.geomean_speedup, s)
+        for c, s in zip(result.configs, result.summaries, strict=True)
+    ]
+    scale = max([1.0, *(v for _, v, _ in rows)]) * 1.05
+    one = min(width - 1, round(1.0 / scale * width))
+    name_w = max(len(n) for n, _, _ in rows)
+    out = Text("Speedup vs plain decoding (geometric mean over prompts; ┊ = 1.00×)\n", style="bold")
+    for name, value, s in rows:
+        b = bar(value, scale, width)
+        pad = "".join("┊" if i == one else " " for i in range(len(b), width))
+        out.append(f"{name:<{name_w}} ")
+        out.append(b, style="dim" if name == result.configs[0].name and value == 1.0 else _speed_style(value))
+        out.append(pad, style="dim")
+        out.append(f" {value:.2f}×")
+        if s.worst_prompt and name != "plain":
+            out.append(f"  worst {s.worst_speedup:.2f}× ({s.worst_prompt})", style="dim")
+        out.append("\n")
+    return out
+
+
+def audit_text(result: BenchResult) -> Text:
+    """The exactness audit: verdict, worst gap, failures, and where outputs part from plain decoding."""
+    out = Text()
+    if not result.audits:
+        return Text("exactness audit skipped (--no-audit)\n", style="dim")
+    verdict = ("PASS", "bold green") if result.audit_ok else ("FAIL", "bold red")
+    out.append("Exactness audit: ", style="bold")
+    out.append(verdict[0], style=verdict[1])
+    out.append(
+        f" — {len(result.audits)} distinct greedy outputs teacher-forced one token at a time; every token "
+        f"must be the target's argmax within {result.tolerance} logits (ties); worst gap "
+        f"{result.worst_gap:.4f}\n"
+    )
+    for a in result.audits:
+        for f in a.failures:
+            out.append(
+                f"  ✗ {a.prompt} [{', '.join(a.configs)}] token {f.index}: {f.token} but the target prefers "
+                f"{f.argmax} by {f.gap:.3f}\n",
+                style="red",
+            )
+    if not result.divergences:
+        out.append("Every speculative output equals plain decoding token for token.\n", style="green")
+    for d in result.divergences:
+        kind = "a tie" if d.tie else "NOT a tie"
+        gap = "?" if d.gap is None else f"{d.gap:.4f}"
+        out.append(
+            f"  {d.prompt} · {d.config}: differs from plain at token {d.index} (logit gap {gap}: {kind})\n",
+            style="yellow" if d.tie else "red",
+        )
+    return out
+
+
+def prediction_table(result: BenchResult) -> Group | Text:
+    """What the measured acceptance would give on GPU-like hardware. Labelled a prediction throughout."""
+    if not result.predictions:
+        return Text("No prediction: no drafts were measured.\n", style="dim")
+    t = Table(
+        title="PREDICTION (not measured): GPU/Metal, where a verify batch costs what one token costs",
+        title_justify="left",
+        title_style="bold yellow",
+    )
+    t.add_column("drafter", no_wrap=True)
+    t.add_column("measured in", no_wrap=True)
+    t.add_column("draft/target cost", justify="right")
+    t.add_column("accept by position", no_wrap=True)
+    t.add_column("best k", justify="right")
+    t.add_column("predicted speedup", justify="right")
+    lines = Text(style="dim")
+    for p in result.predictions:
+        t.add_row(
+            p.drafter,
+            p.source_config,
+            f"{p.cost_ratio:.2f}",
+            _positions(p.acceptance_by_position),
+            str(p.best_k),
+            _x(p.speedup),
+        )
+        per = " · ".join(f"{name} {x:.2f}× (k={k})" for name, k, x in p.by_prompt)
+        lines.append(f"predicted per prompt, {p.drafter}: {per}\n")
+    t.caption = (
+        "E(k) = 1 + Σ acceptance by position up to k, for a round costing k·(draft/target cost) + 1 target "
+        "tokens; the cost ratio is this machine's, and a GPU's own ratio changes the figure"
+    )
+    return Group(t, lines)
+
+
+def render_report(result: BenchResult, console: Console) -> None:
+    """The whole human-readable report."""
+    console.print(
+        Group(
+            header(result),
+            Text(""),
+            summary_table(result),
+            Text(""),
+            prompt_table(result),
+            Text(""),
+            speedup_chart(result),
+            audit_text(result),
+            prediction_table(result),
+        )
+    )
