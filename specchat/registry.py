@@ -249,6 +249,8 @@ def parse_registry(text: str, path: Path | None = None) -> Registry:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as err:
         raise RegistryError(f"{where}: not valid TOML: {err}", hint="fix the file") from err
+    except RecursionError as err:  # tomllib recurses per nesting level: `a = [[[[...` thousands deep
+        raise RegistryError(f"{where}: not valid TOML: nested too deeply", hint="fix the file") from err
     lines = _KeyLines(text)
 
     unknown_top = set(data) - {"schema", "models"}
@@ -368,7 +370,8 @@ def _parse_mirror(
     for key in ("package", "chunk"):
         try:
             formatted = table[key].format(n=1)
-        except (KeyError, IndexError, ValueError) as err:
+        # "{n.x}" / "{n[0]}" reach attributes and items of the part number: AttributeError, TypeError
+        except (KeyError, IndexError, ValueError, AttributeError, TypeError) as err:
             raise fail(
                 key, f"'{key}' is not a valid template ({err}); use {{n}} for the part number"
             ) from None
