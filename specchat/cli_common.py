@@ -48,10 +48,20 @@ def out_console(no_color: bool = False) -> Console:
 
 
 def fail_line(err: SpecchatError) -> str:
-    """The single line shown for a user error: what is wrong — how to fix it."""
-    msg = f"[bold red]error:[/] {escape(err.message)}"
+    """The single line shown for a user error: what is wrong — how to fix it.
+
+    Messages quote file names, metadata and template errors, which come from untrusted files: Rich
+    markup is escaped and control characters (ESC sequences that would drive the terminal, newlines
+    that would break the one line) are shown as visible escapes.
+    """
+    from .render import terminal_safe
+
+    def safe(text: str) -> str:
+        return escape(terminal_safe(text).replace("\n", "\\n"))
+
+    msg = f"[bold red]error:[/] {safe(err.message)}"
     if err.hint:
-        msg += f" [dim]— {escape(err.hint)}[/]"
+        msg += f" [dim]— {safe(err.hint)}[/]"
     return msg
 
 
