@@ -178,7 +178,16 @@ def run(
     err = err_console()
     if prompt is None:
         if sys.stdin is None or sys.stdin.isatty():
-            raise BadInput("no prompt given", "pass -p TEXT, or pipe the prompt on stdin")
+            if sys.stdin is None or as_json or raw:
+                raise BadInput("no prompt given", "pass -p TEXT, or pipe the prompt on stdin")
+            from .cli_chat import chat  # no prompt on a terminal: open the interactive chat
+
+            return chat(
+                target, draft=draft, no_draft=no_draft, k=k, p_min=p_min, temp=temp, top_k=top_k,
+                top_p=top_p, seed=seed, max_tokens=max_tokens, ctx_size=ctx_size, gpu_layers=gpu_layers,
+                draft_gpu_layers=draft_gpu_layers, threads=threads, system=system, no_color=no_color,
+                offline=offline, force=force, verbose=verbose,
+            )  # fmt: skip
         prompt = sys.stdin.read()
     if not prompt.strip():
         raise BadInput("the prompt is empty", "pass -p TEXT, or pipe the prompt on stdin")
