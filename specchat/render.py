@@ -155,6 +155,11 @@ def consume(events: Generator[Event, None, None], stream: TokenStream | None, ta
 
     Ctrl-C stops it: the generator is closed (which leaves the caches consistent), what was shown is
     kept, and the stats so far come from the caller's tally.
+
+    The generator is closed on every way out (a closed pipe, an engine error), not only Ctrl-C: its
+    cleanup trims the models' caches, so it must run now, while the models are open. Left to the
+    garbage collector it ran after the caller had freed the models: a use-after-free segfault
+    (`specchat run ... | head -c 20` died with SIGSEGV now and then).
     """
     shown = Shown()
     try:
@@ -177,6 +182,7 @@ def consume(events: Generator[Event, None, None], stream: TokenStream | None, ta
         events.close()
         shown.stats = tally.snapshot("interrupted")  # type: ignore[attr-defined]
     finally:
+        events.close()  # no-op when it finished or was closed above
         if stream is not None:
             stream.end()
     return shown
