@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -151,6 +152,9 @@ def run(
             "--no-color", help="No colours (also when NO_COLOR is set or stdout is not a terminal)."
         ),
     ] = False,
+    save_svg: Annotated[
+        Path | None, typer.Option("--save-svg", help="Also save the coloured answer as an SVG picture.")
+    ] = None,
     offline: OfflineOpt = False,
     force: ForceOpt = False,
     verbose: VerboseOpt = False,
@@ -244,6 +248,12 @@ def run(
         for note in shown.notices:
             err.print(f"[yellow]note:[/] {escape(note)}", highlight=False)
         stats = shown.stats
+        if save_svg is not None:
+            from .chat import Turn
+            from .cli_chat import export_svg
+
+            export_svg(save_svg, [Turn.from_shown(prompt, shown)], sources=sources, system=system)
+            err.print(f"[dim]saved {escape(str(save_svg))}[/]")
         if as_json:
             doc = {
                 "text": shown.text,
@@ -265,10 +275,11 @@ def run(
 
 def _default_draft(target: str, err: object, *, quiet: bool) -> tuple[str, ...]:
     """The registry's recommended draft for an alias target, announced in one line."""
-    from .registry import load_registry
+    from .registry import load_registry, resolve
 
     reg = load_registry()
-    rec = reg.recommended_draft(target)
+    ref = resolve(target, reg)  # hf: and ORG/REPO:QUANT targets that are in the registry count too
+    rec = reg.recommended_draft(ref.alias) if ref.alias else None
     if rec is None:
         return ()
     if not quiet:

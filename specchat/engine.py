@@ -30,6 +30,11 @@ class LoadOptions:
     threads: int | None = None
     n_batch: int = 512
     verbose: bool = False
+    #: llama.cpp's CPU "extra buffers" repack quantised weights for faster batched matmuls, but their
+    #: GEMM kernel (used from 4 rows up on x86) rounds differently from the one-token path, enough to
+    #: flip near-tied greedy choices. A target that verifies drafts loads with repack off, which keeps
+    #: verify batches of up to 7 rows bit-identical to one-token decoding (measured: tuning.exact_batch).
+    repack: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +114,10 @@ class LlamaModel:
         if gpu_layers is None:
             gpu_layers = -1 if supports_gpu_offload() else 0
         mparams.n_gpu_layers = 2**31 - 1 if gpu_layers < 0 else gpu_layers
+        if hasattr(mparams, "use_extra_bufts"):
+            mparams.use_extra_bufts = opts.repack
         self.gpu_layers = gpu_layers
+        self.repack = opts.repack
         with _quiet_stderr(not opts.verbose):
             model = llama_cpp.llama_model_load_from_file(str(self.path).encode(), mparams)
         if not model:

@@ -68,7 +68,13 @@ def load(
     note(f"loading {paths[cfg.target].name}")
     target = LlamaModel(
         paths[cfg.target],
-        LoadOptions(n_ctx=cfg.ctx_size, gpu_layers=cfg.gpu_layers, threads=cfg.threads, verbose=cfg.verbose),
+        LoadOptions(
+            n_ctx=cfg.ctx_size,
+            gpu_layers=cfg.gpu_layers,
+            threads=cfg.threads,
+            verbose=cfg.verbose,
+            repack=not cfg.drafts,  # a verifying target keeps batched logits equal to one-token ones
+        ),
         name=cfg.target,
     )
     out = Loaded(target=target, drafters=[])

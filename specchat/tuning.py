@@ -6,6 +6,8 @@ wins; on a 2-core CPU V(6) ≈ 3.3·V(1) and a draft model loses. So we measure 
 
 * Calibration (once per model file + hardware + settings, cached on disk): the target's verify cost
   V(n) for n = 1..k_max+1, and each draft model's cost per drafted token.
+* Exactness (same cache): the largest verify batch whose logits are bit-identical to one-token
+  decoding; auto mode drafts no further than that, so greedy output is the target's own bit for bit.
 * Online: per drafter, the conditional acceptance rate at each draft position (P(draft i accepted |
   drafts before it accepted)), as decayed Beta counts so it follows the text's character; measured
   round times refine V(n) and the draft cost as generation goes.
@@ -45,6 +47,8 @@ class Costs:
 
     verify: list[float]
     draft: list[float]
+    #: largest verify batch whose logits are bit-identical to one-token decoding (0 = not measured)
+    exact_n: int = 0
 
     def v(self, n: int) -> float:
         if n <= len(self.verify):
@@ -119,7 +123,8 @@ class AutoPlanner:
         learn_costs: bool = True,
     ) -> None:
         self.costs = costs
-        self.k_max = k_max
+        # keep verify batches where they are bit-identical to one-token decoding, when some are
+        self.k_max = min(k_max, costs.exact_n - 1) if costs.exact_n >= 2 else k_max
         self.acc = [_Acceptance(a, b) for a, b in priors]
         self.rng = rng if rng is not None else np.random.default_rng(0)
         self.explore = explore
@@ -202,6 +207,30 @@ def measure_verify(model: Model, n_max: int, *, reps: int = 3, filler: int = 16)
     return out
 
 
+def exact_batch(model: Model, n_max: int, *, filler: int = 16) -> int:
+    """Largest n <= n_max for which decoding n tokens in one batch gives exactly the logits of decoding
+    them one at a time. Backends switch matmul kernels by batch size (llama.cpp's CPU backend: at 4
+    rows with repacked weights, at 8 without), and only below the switch is greedy speculation
+    bit-for-bit the target's own one-token output. Returns 1 when no batch is exact (most GPUs)."""
+    base = list(model.tokens)
+    probe = [t % model.n_vocab for t in range(200, 200 + filler + n_max)]
+    if not base:
+        model.decode(probe[:filler], [])
+    start = len(model.tokens)
+    toks = probe[filler : filler + n_max]
+    singles = np.stack([np.array(model.decode([t], [0])[0], copy=True) for t in toks])
+    model.truncate(start)
+    exact = 1
+    for n in range(2, n_max + 1):
+        rows = np.array(model.decode(toks[:n], list(range(n))), copy=True)
+        model.truncate(start)
+        if not np.array_equal(rows, singles[:n]):
+            break
+        exact = n
+    model.truncate(len(base))
+    return exact
+
+
 def measure_draft(model: Model, *, reps: int = 5) -> float:
     """Seconds per drafted token: one single-token decode with one logits row."""
     v = measure_verify(model, 1, reps=reps)
@@ -222,7 +251,7 @@ def _key(model: object, extra: str) -> str:
     if path is not None:
         st = Path(path).stat()
         parts += [str(Path(path).resolve()), str(st.st_size), str(int(st.st_mtime))]
-    parts += [str(getattr(model, "threads", "")), str(getattr(model, "gpu_layers", ""))]
+    parts += [str(getattr(model, name, "")) for name in ("threads", "gpu_layers", "repack")]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:24]
 
 
@@ -247,6 +276,11 @@ def calibrate(
     if not (isinstance(verify, list) and len(verify) == k_max + 1):
         verify = measure_verify(target, k_max + 1)
         cache[tkey] = verify
+    ekey = "exact:" + _key(target, f"{backend}:{k_max}")
+    exact_n = cache.get(ekey)
+    if not isinstance(exact_n, int):
+        exact_n = exact_batch(target, k_max + 1)
+        cache[ekey] = exact_n
     draft: list[float] = []
     for dm in draft_models:
         if dm is None:  # a model-free drafter: its cost is measured online and is ~0
@@ -266,7 +300,7 @@ def calibrate(
             tmp.replace(cache_path)
         except OSError:
             pass  # a read-only cache dir only costs a re-measurement next time
-    return Costs(verify=[float(x) for x in verify], draft=draft)
+    return Costs(verify=[float(x) for x in verify], draft=draft, exact_n=exact_n)
 
 
 def make_planner(loaded: object, k: int | None, *, seed: int | None = None):  # type: ignore[no-untyped-def]

@@ -123,3 +123,12 @@ def test_help_teaches():
     assert res.exit_code == 0
     for opt in ("--draft", "--draft-tokens", "--temp", "--json", "--no-draft", "--ctx-size"):
         assert opt in res.stdout
+
+
+def test_save_svg(tiny_pair, tmp_path):
+    target, draft = (str(p) for p in tiny_pair)
+    out = tmp_path / "run.svg"
+    res = invoke("run", target, "--draft", draft, "-p", "hi", "-n", "12", "-k", "3", "--save-svg", str(out))
+    assert res.exit_code == 0, res.output
+    svg = out.read_text()
+    assert svg.startswith("<svg") and "accepted&#160;from&#160;draft" in svg

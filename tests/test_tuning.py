@@ -95,3 +95,34 @@ def test_calibration_is_cached(tmp_path, monkeypatch):
     assert (len(t.decode_calls), len(d.decode_calls)) == calls  # nothing re-measured
     assert c2.verify == c1.verify
     assert (tmp_path / "calibration.json").exists()
+
+
+class BatchSensitiveModel(FakeModel):
+    """Like a backend that switches matmul kernels at `switch` rows: bigger batches round differently."""
+
+    def __init__(self, switch: int, **kw):
+        super().__init__(**kw)
+        self.switch = switch
+
+    def decode(self, tokens, logits_rows):
+        out = super().decode(tokens, logits_rows)
+        return out + np.float32(1e-3) if len(tokens) >= self.switch else out
+
+
+def test_exact_batch_finds_the_kernel_switch():
+    from specchat.tuning import exact_batch
+
+    assert exact_batch(FakeModel(n_vocab=16), 9) == 9
+    m = BatchSensitiveModel(4, n_vocab=16)
+    m.decode([1, 2], [])
+    assert exact_batch(m, 9) == 3
+    assert list(m.tokens) == [1, 2]
+
+
+def test_planner_keeps_verify_batches_exact():
+    costs = Costs([0.01] * 9, [0.0], exact_n=3)
+    planner = AutoPlanner(costs, [(50.0, 1.0)], rng=np.random.default_rng(0))
+    assert planner.k_max == 2
+    assert all(k <= 2 for _, k in simulate(planner, [0.99], 30))
+    # no exact batch at all (typical GPU): no cap, float-level differences are accepted
+    assert AutoPlanner(Costs([0.01] * 9, [0.0], exact_n=1), [(1.0, 1.0)]).k_max == 8
