@@ -63,7 +63,7 @@ PMinOpt = Annotated[
     typer.Option(
         "--draft-p-min",
         help="Stop drafting when the draft's confidence falls below this "
-        "[default: 0.75 greedy, 0.5 sampling].",
+        "(default: 0.75 greedy, 0.5 sampling).",
     ),
 ]
 TempOpt = Annotated[float, typer.Option("--temp", help="Sampling temperature; 0 = greedy (deterministic).")]
@@ -76,14 +76,14 @@ GpuOpt = Annotated[
     int | None,
     typer.Option(
         "--gpu-layers",
-        help="Target layers to offload to the GPU [default: all if the build can offload, else 0].",
+        help="Target layers to offload to the GPU (default: all if the build can offload, else 0).",
     ),
 ]
 DraftGpuOpt = Annotated[
-    int | None, typer.Option("--draft-gpu-layers", help="Draft layers to offload [default: as --gpu-layers].")
+    int | None, typer.Option("--draft-gpu-layers", help="Draft layers to offload (default: as --gpu-layers).")
 ]
 ThreadsOpt = Annotated[
-    int | None, typer.Option("--threads", "-t", help="CPU threads [default: physical cores].")
+    int | None, typer.Option("--threads", "-t", help="CPU threads (default: physical cores).")
 ]
 SystemOpt = Annotated[str | None, typer.Option("--system", help="System prompt for the chat template.")]
 OfflineOpt = Annotated[

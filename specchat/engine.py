@@ -172,6 +172,10 @@ class LlamaModel:
     def decode(self, tokens: Sequence[int], logits_rows: Sequence[int]) -> np.ndarray:
         """Append tokens at the next positions; one llama_decode per n_batch chunk (one in the loop)."""
         n = len(tokens)
+        if self._ctx is None:
+            raise EngineError(
+                f"{self.name} was already closed", "this is a bug in specchat; please report it"
+            )
         if len(self._tokens) + n > self._n_ctx:
             raise ContextFull(
                 f"{len(self._tokens) + n} tokens do not fit in the context window of {self._n_ctx}",
@@ -231,7 +235,7 @@ class LlamaModel:
         return np.ctypeslib.as_array(ptr, shape=(n_rows, self._n_vocab))
 
     def truncate(self, n: int) -> None:
-        if n >= len(self._tokens):
+        if n >= len(self._tokens) or self._ctx is None:  # closed: nothing left to cut (and no UAF)
             return
         if not llama_cpp.llama_memory_seq_rm(self._mem, 0, n, -1):
             # recurrent/hybrid memories cannot drop a suffix: rebuild from the kept prefix
