@@ -92,6 +92,14 @@ def bench(
     ks: Annotated[
         str, typer.Option("--ks", help="Fixed draft lengths to measure for each drafter, comma-separated.")
     ] = "1,2,3,5",
+    save: Annotated[
+        str | None,
+        typer.Option(
+            "--save",
+            metavar="FILE",
+            help="Also write the JSON document to FILE (one run gives both the tables and the data).",
+        ),
+    ] = None,
     export: Annotated[
         str | None,
         typer.Option(
@@ -129,6 +137,8 @@ def bench(
     if export is not None and export not in EXPORT_FORMATS:
         raise BadInput(f"unknown --export format {export!r}", f"use one of: {', '.join(EXPORT_FORMATS)}")
     suite = core.load_prompts(prompts) if prompts is not None else list(core.SUITE)  # before any slow load
+    if save is not None:
+        _check_writable(save)
     drafts = tuple(dict.fromkeys(draft)) if draft else _default_drafts(target)
     p_min_val = p_min if p_min is not None else 0.75  # the bench is greedy: run's greedy default
     err = err_console()
@@ -172,8 +182,11 @@ def bench(
     finally:
         loaded.close()
 
+    doc = json.dumps(result.to_dict(), ensure_ascii=False)
+    if save is not None:
+        _save(save, doc)
     if as_json:
-        print(json.dumps(result.to_dict(), ensure_ascii=False))
+        print(doc)
     else:
         render_report(result, _report_console())
     if not result.audit_ok:
@@ -186,6 +199,22 @@ def bench(
 
 
 # --- steps of the command --------------------------------------------------------------------------------
+
+
+def _check_writable(path: str) -> None:
+    """Fail in a second, not after a half-hour run, when the --save file cannot be written."""
+    parent = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path) or not os.path.isdir(parent) or not os.access(parent, os.W_OK):
+        raise BadInput(f"cannot write --save file {path}", "give a file path in an existing, writable folder")
+
+
+def _save(path: str, doc: str) -> None:
+    """Write the JSON document; a bad path is one error line (after the results are already shown)."""
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(doc + "\n")
+    except OSError as exc:
+        raise BadInput(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
 def _default_drafts(target: str) -> tuple[str, ...]:
@@ -464,7 +493,7 @@ def audit_text(result: BenchResult) -> Text:
     out.append("Exactness audit: ", style="bold")
     out.append(verdict[0], style=verdict[1])
     out.append(
-        f" — {len(result.audits)} distinct greedy outputs teacher-forced one token at a time; every token "
+        f" — {len(result.audits)} distinct greedy output(s) teacher-forced one token at a time; every token "
         f"must be the target's argmax within {result.tolerance} logits (ties); worst gap "
         f"{result.worst_gap:.4f}\n"
     )

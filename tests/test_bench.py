@@ -122,13 +122,16 @@ def test_speeds_and_speedups_are_computed_from_this_runs_measurements(clock):
         assert res.cell(p.name, "plain").tokens_per_second == pytest.approx(1.0)
         assert res.cell(p.name, "draft k=3").speedup == pytest.approx(4 / (3 * 0.1 + 1.0))
         assert res.cell(p.name, "draft k=3").acceptance_rate == 1.0
-        auto = res.cell(p.name, "draft auto")
-        rivals = ["plain", "draft k=1", "draft k=3"]
-        best = max(rivals, key=lambda name: res.cell(p.name, name).tokens_per_second)
-        assert auto.best_fixed == best
-        assert auto.vs_best_fixed == pytest.approx(
-            auto.tokens_per_second / res.cell(p.name, best).tokens_per_second
-        )
+        for auto_name, rivals in [
+            ("draft auto", ["plain", "draft k=1", "draft k=3"]),
+            ("auto (all)", ["plain", "draft k=1", "draft k=3", "ngram k=1", "ngram k=3"]),
+        ]:
+            auto = res.cell(p.name, auto_name)
+            best = max(rivals, key=lambda name: res.cell(p.name, name).tokens_per_second)
+            assert auto.best_fixed == best
+            assert auto.vs_best_fixed == pytest.approx(
+                auto.tokens_per_second / res.cell(p.name, best).tokens_per_second
+            )
 
     summary = {s.config: s for s in res.summaries}
     cells = [res.cell(p.name, "ngram k=1") for p in res.prompts]
@@ -425,12 +428,18 @@ def test_cli_json_schema(tiny_pair, tmp_path):
 
 def test_cli_report_has_table_chart_audit_and_prediction(tiny_pair, tmp_path):
     target, draft = (str(p) for p in tiny_pair)
+    saved = tmp_path / "bench.json"
     res = invoke(
         target, "--draft", draft, "--prompts", str(write_prompts(tmp_path)),
-        "-n", "8", "-r", "1", "--ks", "2", "-t", "1", "-c", "256",
+        "-n", "8", "-r", "1", "--ks", "2", "-t", "1", "-c", "256", "--save", str(saved),
     )  # fmt: skip
     assert res.exit_code == 0, res.output
+    doc = json.loads(saved.read_text())  # --save keeps the data of the run the tables show
+    assert doc["schema"] == bench.SCHEMA and len(doc["results"]) == len(doc["configs"]) * 2
     out = res.stdout
+    for r in doc["results"]:
+        if r["speedup"] is not None and r["config"] != "plain":
+            assert f"{r['speedup']:.2f}×" in out
     for needle in (
         "Decode speed by configuration",
         "Per prompt",
@@ -510,6 +519,7 @@ def test_cli_export_of_uncached_alias_uses_hub_options():
         (["--export", "vllm"], "unknown --export format"),
         (["--ks", "1,two"], "--ks"),
         (["--repeats", "0"], "--repeats"),
+        (["--save", "/nonexistent/dir/bench.json"], "--save"),
     ],
 )
 def test_cli_bad_input_is_one_line(tiny_target, args, needle):
