@@ -31,5 +31,11 @@ demo: install
 	$(BIN)/specchat run qwen2.5-coder-1.5b --draft qwen2.5-coder-0.5b --temp 0 --max-tokens 200 \
 		-p "Write a Python function that checks whether a string is a palindrome, with a docstring and two doctests."
 
+# plain vs fixed k vs auto vs n-gram, side by side on the default pair, with the exactness audit
+bench: install
+	$(BIN)/specchat pull qwen2.5-coder-1.5b qwen2.5-coder-0.5b
+	$(BIN)/specchat bench qwen2.5-coder-1.5b --draft qwen2.5-coder-0.5b --draft ngram \
+		--max-tokens 128 --repeats 3 --ks 1,2,3,5 --save bench.json
+
 clean:
 	rm -rf $(VENV) build dist *.egg-info
