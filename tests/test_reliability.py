@@ -1,7 +1,8 @@
 """Reliability and safety of the real CLI process (issue 6), on tiny GGUF models.
 
-Each test starts `python -m specchat` as a subprocess, because what users see is what a process does:
-exit codes, what lands on stdout and stderr, signals, closed pipes. Covered:
+The CLI checks start `python -m specchat` as a subprocess, because what users see is what a process
+does: exit codes, what lands on stdout and stderr, signals, closed pipes (a few checks that need no real
+process use Typer's in-process runner, to keep the suite quick). Covered:
 - every bad input in issue 6's "Done when" list: non-zero exit within seconds, ONE line, no traceback;
 - Ctrl-C (SIGINT) mid-generation: exit 130, the partial text and the stats line, no traceback;
 - a reader that closes the pipe early: quiet exit, no BrokenPipe traceback;
@@ -23,8 +24,10 @@ from pathlib import Path
 
 import pytest
 from rich.console import Console
+from typer.testing import CliRunner
 
 from specchat import loader, render
+from specchat.cli import app
 from specchat.engine import LlamaModel, LoadOptions
 from specchat.errors import ModelFileError, SpecchatError
 from specchat.events import Source, Token
@@ -99,7 +102,7 @@ BAD_INPUT_IDS = [
     "prompt-longer-than-ctx-64",
 ]
 #: More one-line cases from this file, run in the same concurrent batch to keep the suite quick.
-MORE_ONE_LINE_IDS = ["escaping-hf-reference", "control-chars-in-file-name", "hostile-chat-template"]
+MORE_ONE_LINE_IDS = ["hostile-chat-template"]
 EVIL_NAME = "evil\x1b]0;owned\x07\x1b[2J.gguf"
 
 
@@ -136,13 +139,9 @@ def bad_input_results(
         ),
     }
     assert list(cases) == BAD_INPUT_IDS
-    evil = base / EVIL_NAME
-    evil.write_text("not a model\n")
     hostile = write_tiny_llama(
         base / "hostile.gguf", seed=1, chat_template=HOSTILE_TEMPLATES["cycler-globals"]
     )
-    cases["escaping-hf-reference"] = (["pull", "hf:org/repo/../../x.gguf"], "'..' parts are refused")
-    cases["control-chars-in-file-name"] = (["run", str(evil), "-p", "hi"], "not a GGUF file")
     cases["hostile-chat-template"] = (["run", str(hostile), "-p", "hi", "-n", "4"], "sandbox")
     workdir = base / "cwd"  # where a template that escaped the sandbox would `touch PWNED`
     workdir.mkdir()
@@ -163,10 +162,20 @@ def test_bad_input_is_one_line_within_seconds(bad_input_results, case):
     assert res.seconds < QUICK_S, f"{case} took {res.seconds:.1f}s"
 
 
-def test_control_characters_in_a_file_name_are_escaped_in_the_error(bad_input_results):
-    stderr = bad_input_results["control-chars-in-file-name"][0].stderr
-    assert "\x1b" not in stderr and "\x07" not in stderr
-    assert "evil\\x1b]0;owned\\x07\\x1b[2J.gguf" in stderr
+def in_process(*args: str) -> Result:
+    """The CLI in this process (Typer's runner): for one-line checks that need no real process."""
+    t0 = time.monotonic()
+    res = CliRunner().invoke(app, list(args))
+    return Result(res.exit_code, res.stdout, res.stderr, time.monotonic() - t0)
+
+
+def test_control_characters_in_a_file_name_are_escaped_in_the_error(tmp_path):
+    evil = tmp_path / EVIL_NAME
+    evil.write_text("not a model\n")
+    res = in_process("run", str(evil), "-p", "hi")
+    assert_one_error_line(res, "not a GGUF file")
+    assert "\x1b" not in res.stderr and "\x07" not in res.stderr
+    assert "evil\\x1b]0;owned\\x07\\x1b[2J.gguf" in res.stderr
 
 
 def test_hostile_template_error_names_no_internals(bad_input_results):
@@ -400,3 +409,9 @@ ESCAPING_REFS = [
 def test_references_that_climb_out_of_the_cache_are_refused(spec):
     with pytest.raises(SpecchatError):
         resolve(spec, load_registry())
+
+
+@pytest.mark.parametrize("command", ["pull", "run"])
+def test_escaping_reference_on_the_command_line_is_one_line(command):
+    res = in_process(command, "hf:org/repo/../../x.gguf", *(["-p", "hi"] if command == "run" else []))
+    assert_one_error_line(res, "'..' parts are refused")
