@@ -288,17 +288,12 @@ def _default_draft(target: str, err: object, *, quiet: bool) -> tuple[str, ...]:
 
 
 def _register_more() -> None:
-    """Commands that live in their own modules (models/pull, doctor, chat, bench)."""
-    import importlib
+    """Commands that live in their own modules. Imported here, after this module's option aliases
+    exist, because chat and bench reuse them."""
+    from . import cli_bench, cli_chat, cli_doctor, cli_models
 
-    for mod in ("cli_models", "cli_doctor", "cli_chat", "cli_bench"):
-        try:
-            m = importlib.import_module(f"specchat.{mod}")
-        except ModuleNotFoundError as exc:  # a module not written yet; never hide other import errors
-            if exc.name != f"specchat.{mod}":
-                raise
-            continue
-        m.register(app)
+    for mod in (cli_models, cli_doctor, cli_chat, cli_bench):
+        mod.register(app)
 
 
 _register_more()

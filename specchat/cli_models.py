@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -134,7 +135,8 @@ def models_command(json_output: JsonOpt = False, drafts_for: DraftsForOpt = None
         typer.echo(json.dumps(rows, indent=2))
         return
     title = f"drafts for {drafts_for} (recommended first)" if drafts_for else f"models in {registry.path}"
-    Console().print(_table(rows, title))
+    console = Console()
+    console.print(_table(rows, title, show_path=console.width >= 120))
 
 
 def _row(entry: ModelEntry, registry: Registry) -> dict[str, Any]:
@@ -158,8 +160,18 @@ def _row(entry: ModelEntry, registry: Registry) -> dict[str, Any]:
     }
 
 
-def _table(rows: list[dict[str, Any]], title: str) -> Table:
-    table = Table(title=title, title_justify="left")
+def _table(rows: list[dict[str, Any]], title: str, *, show_path: bool = True) -> Table:
+    """The registry as a table; on narrow terminals without the (long) path column."""
+    caption = None if show_path else "local paths: `specchat models --json`, or a wider terminal"
+    table = Table(
+        title=title,
+        title_justify="left",
+        caption=caption,
+        caption_justify="left",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        collapse_padding=True,
+    )
     for name, justify in (
         ("alias", "left"),
         ("params", "right"),
@@ -168,9 +180,13 @@ def _table(rows: list[dict[str, Any]], title: str) -> Table:
         ("family", "left"),
         ("draft", "left"),
         ("cached", "center"),
-        ("path", "left"),
+        *((("path", "left"),) if show_path else ()),
     ):
-        table.add_column(name, justify=justify, overflow="fold")  # type: ignore[arg-type]
+        # every column but the path keeps its words whole; the long path folds in the room left
+        if name == "path":
+            table.add_column(name, justify=justify, overflow="fold", ratio=1)  # type: ignore[arg-type]
+        else:
+            table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
     for row in rows:
         table.add_row(
             row["alias"],
@@ -180,7 +196,7 @@ def _table(rows: list[dict[str, Any]], title: str) -> Table:
             row["family"],
             row["draft"] or "",
             "[green]yes[/]" if row["cached"] else "[dim]no[/]",
-            row["path"] or "",
+            *((row["path"] or "",) if show_path else ()),
         )
     return table
 
