@@ -22,14 +22,24 @@ test: install
 test-slow: install
 	$(BIN)/pytest -q -m slow
 
+# the slow reliability checks on the real pair: exactness audit, 20-turn soak with a memory bound
+stress: install
+	$(BIN)/pytest -q -s -m slow tests/test_real_pair.py
+
 lint: install
 	$(BIN)/ruff check specchat tests
 	$(BIN)/ruff format --check specchat tests
 
+DEMO_PROMPT := Write a Python function that checks whether a string is a palindrome, with a docstring and two doctests.
+
+# The default (-k auto) drafts only where it pays; the second run forces 3-token drafts so the colours
+# show on any machine (on a small CPU that is slower than plain decoding: the first run's note says why).
 demo: install
 	$(BIN)/specchat pull qwen2.5-coder-1.5b qwen2.5-coder-0.5b
-	$(BIN)/specchat run qwen2.5-coder-1.5b --draft qwen2.5-coder-0.5b --temp 0 --max-tokens 200 \
-		-p "Write a Python function that checks whether a string is a palindrome, with a docstring and two doctests."
+	@echo "== specchat run (default: -k auto) =="
+	$(BIN)/specchat run qwen2.5-coder-1.5b --draft qwen2.5-coder-0.5b --temp 0 --max-tokens 160 -p "$(DEMO_PROMPT)"
+	@echo "== the same with drafting forced (-k 3): green = the draft was right =="
+	$(BIN)/specchat run qwen2.5-coder-1.5b --draft qwen2.5-coder-0.5b --temp 0 --max-tokens 160 -k 3 -p "$(DEMO_PROMPT)"
 
 # plain vs fixed k vs auto vs n-gram, side by side on the default pair, with the exactness audit
 bench: install

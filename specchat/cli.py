@@ -245,7 +245,8 @@ def run(
         )
         stream = render.TokenStream(out_console(no_color)) if not as_json else None
         shown = render.consume(gen, stream, tally)
-        for note in shown.notices:
+        why = getattr(planner, "explain", lambda _names: None)([d.name for d in loaded.drafters])
+        for note in [*shown.notices, *([why] if why and not as_json else [])]:
             err.print(f"[yellow]note:[/] {escape(note)}", highlight=False)
         stats = shown.stats
         if save_svg is not None:

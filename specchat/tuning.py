@@ -140,6 +140,17 @@ class AutoPlanner:
         k, _ = best_k([1.0] * self.k_max, v, self.costs.draft[drafter])
         return k > 0
 
+    def explain(self, names: Sequence[str]) -> str | None:
+        """Why auto mode is not drafting at all, when no drafter could ever pay on this hardware."""
+        if any(self.can_pay(i) for i in range(len(self.acc))):
+            return None
+        v1, v4 = self.costs.v(1), self.costs.v(4)
+        return (
+            f"-k auto: drafting with {', '.join(names)} cannot beat plain decoding on this hardware "
+            f"(a verify batch of 4 costs {v4 / v1:.1f}x one token), so it decoded plainly; "
+            "-k N forces drafting"
+        )
+
     def plan(self, max_k: int) -> tuple[int | None, int]:
         k_cap = min(self.k_max, max_k)
         if k_cap <= 0:

@@ -126,3 +126,10 @@ def test_planner_keeps_verify_batches_exact():
     assert all(k <= 2 for _, k in simulate(planner, [0.99], 30))
     # no exact batch at all (typical GPU): no cap, float-level differences are accepted
     assert AutoPlanner(Costs([0.01] * 9, [0.0], exact_n=1), [(1.0, 1.0)]).k_max == 8
+
+
+def test_explain_says_why_auto_never_drafts():
+    cpu = AutoPlanner(Costs(list(CPU_V), [0.6 * CPU_V[0]]), [(3.0, 2.0)])
+    assert "cannot beat plain decoding" in (cpu.explain(["draft"]) or "")
+    gpu = AutoPlanner(Costs(list(GPU_V), [0.1 * GPU_V[0]]), [(3.0, 2.0)])
+    assert gpu.explain(["draft"]) is None

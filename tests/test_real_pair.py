@@ -1,0 +1,89 @@
+"""Slow tests on the real default pair (Qwen2.5-Coder 1.5B target, 0.5B draft). Run with `make test-slow`
+or `make stress`; skipped when the files are absent (`specchat pull qwen2.5-coder-1.5b --with-draft`)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import psutil
+import pytest
+from typer.testing import CliRunner
+
+from specchat.cli import app
+
+pytestmark = pytest.mark.slow
+
+DEV_DIR = Path.home() / ".cache" / "specchat-dev" / "models"
+FILES = {
+    "target": "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+    "draft": "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+}
+
+
+def _find(name: str) -> Path | None:
+    """The file in the user's real specchat cache, or where the dev fetch script puts it."""
+    home = Path(os.environ.get("REAL_SPECCHAT_HOME", Path.home() / ".cache" / "specchat"))
+    for p in (*home.glob(f"models/*/{name}"), DEV_DIR / name):
+        if p.is_file():
+            return p
+    return None
+
+
+@pytest.fixture(scope="module")
+def real_pair() -> tuple[Path, Path]:
+    target, draft = _find(FILES["target"]), _find(FILES["draft"])
+    if target is None or draft is None:
+        pytest.skip("the real default pair is not downloaded")
+    return target, draft
+
+
+def test_greedy_speculation_passes_the_teacher_forced_audit(real_pair):
+    from specchat.bench import teacher_force
+    from specchat.engine import LlamaModel, LoadOptions
+
+    target, draft = (str(p) for p in real_pair)
+    res = CliRunner().invoke(
+        app,
+        ["run", target, "--draft", draft, "-k", "3", "--temp", "0", "-n", "96", "--json", "-c", "2048",
+         "-p", "Write a Python function that checks whether a string is a palindrome."],
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert doc["stats"]["acceptance_rate"] >= 0.6  # code prompt: the draft is mostly right
+    with LlamaModel(Path(target), LoadOptions(n_ctx=2048)) as t:
+        forced = teacher_force(t, doc["prompt_tokens"], doc["tokens"])
+    worst = max(gap for gap, _ in forced)
+    assert worst <= 0.05, f"token {max(range(len(forced)), key=lambda i: forced[i][0])} off by {worst}"
+
+
+def test_twenty_turn_soak_trims_context_and_keeps_memory_flat(real_pair):
+    from specchat import loader
+    from specchat.chat import ChatSession
+    from specchat.cli_chat import LoadedEngine
+    from specchat.events import Token
+
+    target, draft = (str(p) for p in real_pair)
+    loaded = loader.load(loader.LoadConfig(target=target, drafts=(draft,), ctx_size=1024))
+    proc = psutil.Process()
+    try:
+        session = ChatSession(LoadedEngine(loaded), system="Answer in two sentences.", max_tokens=48)
+        rss_after_warmup = 0
+        trims = 0
+        for turn in range(20):
+            answer = session.ask(
+                f"Question {turn + 1}: name a Python built-in function and say what it does."
+            )
+            trims += any("dropped" in n for n in answer.notices)
+            tokens = [e for e in answer.events if isinstance(e, Token)]
+            assert tokens, f"turn {turn + 1} produced no answer"
+            assert len(loaded.target.tokens) <= 1024
+            if turn == 2:
+                rss_after_warmup = proc.memory_info().rss
+        growth = proc.memory_info().rss - rss_after_warmup
+        assert trims >= 1, "a 20-turn chat in 1024 tokens must have trimmed old turns"
+        assert growth < 50 * 2**20, f"resident memory grew by {growth / 2**20:.1f} MiB after warm-up"
+        print(f"soak: 20 turns, {trims} trims, RSS growth after warm-up {growth / 2**20:.1f} MiB")
+    finally:
+        loaded.close()
