@@ -21,6 +21,7 @@ from rich.table import Table
 from specchat import hub
 from specchat.cli_common import guarded
 from specchat.errors import BadInput
+from specchat.hub import human_size  # defined there; doctor and tests import it from here
 from specchat.registry import ModelEntry, ModelRef, Registry, load_registry, resolve
 
 
@@ -199,15 +200,3 @@ def _table(rows: list[dict[str, Any]], title: str, *, show_path: bool = True) ->
             *((row["path"] or "",) if show_path else ()),
         )
     return table
-
-
-def human_size(size: int) -> str:
-    """Bytes as people read file sizes (decimal units, like the Hub's file listing)."""
-    if size < 1000:
-        return f"{size} B"
-    value = float(size)
-    for unit in ("kB", "MB", "GB"):
-        value /= 1000
-        if value < 1000:
-            return f"{value:.1f} {unit}"
-    return f"{value / 1000:.1f} TB"

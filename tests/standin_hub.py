@@ -4,7 +4,10 @@
 uses to download one file: `HEAD/GET /{org}/{repo}/resolve/{rev}/{file}` (with Range, ETag and
 X-Repo-Commit), `GET /api/models/{org}/{repo}/revision/{rev}` and `GET /api/models/{org}/{repo}/tree/{rev}`.
 Point huggingface_hub at it with HF_ENDPOINT. `cut_next_download_after(n)` makes the next GET send n
-bytes and drop the connection, to test resuming.
+bytes and drop the connection, to test resuming within one pull; `drop_network_after(n)` does the same
+and then keeps closing every connection unanswered (the network is gone) until `restore_network()`, to
+test a later pull resuming. `bytes_served` counts the file bytes sent, so tests can tell a resume from a
+restart.
 
 `isolate()` points every cache (HF_HOME, HF_HUB_CACHE, SPECCHAT_HOME) and the registry (SPECCHAT_MODELS)
 at a tmp dir and clears the variables that would change behaviour (HF_HUB_OFFLINE, HF_TOKEN). Test
@@ -61,7 +64,10 @@ class StandinHub:
 
     repos: dict[str, dict[str, bytes]] = field(default_factory=dict)
     requests: list[Seen] = field(default_factory=list)
+    bytes_served: int = 0
+    down: bool = False
     _cut_after: int | None = None
+    _down_after_cut: bool = False
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _server: ThreadingHTTPServer | None = None
     _thread: threading.Thread | None = None
@@ -74,10 +80,30 @@ class StandinHub:
         with self._lock:
             self._cut_after = n_bytes
 
+    def drop_network_after(self, n_bytes: int) -> None:
+        """The next GET of a file sends n_bytes and is cut; from then on every connection is closed
+        without an answer (as when the network is gone) until restore_network()."""
+        with self._lock:
+            self._cut_after, self._down_after_cut = n_bytes, True
+
+    def restore_network(self) -> None:
+        with self._lock:
+            self.down = False
+
     def take_cut(self) -> int | None:
         with self._lock:
             cut, self._cut_after = self._cut_after, None
+            if cut is not None and self._down_after_cut:
+                self.down, self._down_after_cut = True, False
             return cut
+
+    def is_down(self) -> bool:
+        with self._lock:
+            return self.down
+
+    def served(self, n_bytes: int) -> None:
+        with self._lock:
+            self.bytes_served += n_bytes
 
     def record(self, seen: Seen) -> None:
         with self._lock:
@@ -132,6 +158,10 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _route(self, *, head: bool) -> None:
         path = unquote(urlsplit(self.path).path)
+        if self.hub.is_down():
+            self.close_connection = True
+            self.connection.shutdown(socket.SHUT_RDWR)
+            return
         self.hub.record(Seen(self.command, path, self.headers.get("Range")))
         parts = path.strip("/").split("/")
         if path.startswith("/api/models/") and len(parts) >= 6:
@@ -184,10 +214,12 @@ class _Handler(BaseHTTPRequestHandler):
         if cut is not None:
             self.wfile.write(body[:cut])
             self.wfile.flush()
+            self.hub.served(min(cut, len(body)))
             self.close_connection = True
             self.connection.shutdown(socket.SHUT_RDWR)
             return
         self.wfile.write(body)
+        self.hub.served(len(body))
 
     def _json(self, payload: Any, *, head: bool) -> None:
         body = json.dumps(payload).encode()
