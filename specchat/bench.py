@@ -334,6 +334,7 @@ def generate_once(
     tokens: Sequence[int],
     planner: Planner,
     max_tokens: int,
+    tie_margin: float = 0.0,
 ) -> tuple[tuple[int, ...], Stats]:
     """One greedy generation from empty caches: (output tokens, stats)."""
     _reset(target, drafters)
@@ -344,7 +345,9 @@ def generate_once(
         list(tokens),
         drafters=[drafters[i] for i in cfg.drafters],
         planner=planner,
-        settings=Settings(max_tokens=max_tokens, params=SamplingParams(temperature=0.0)),
+        settings=Settings(
+            max_tokens=max_tokens, params=SamplingParams(temperature=0.0), tie_margin=tie_margin
+        ),
         rng=np.random.default_rng(0),
     )
     for ev in events:
@@ -829,6 +832,7 @@ def run_bench(
     warmup: bool = True,
     audit: bool = True,
     meta: dict[str, Any] | None = None,
+    tie_margin: float = 0.0,
 ) -> BenchResult:
     """Measure every configuration on every prompt, interleaved; audit; predict. Prints nothing.
 
@@ -851,7 +855,9 @@ def run_bench(
         first = prompts[0]
         for cfg in configs:
             report(done, total, f"warm-up · {cfg.name}")
-            generate_once(target, drafters, cfg, first.tokens, make(cfg), min(WARMUP_TOKENS, max_tokens))
+            generate_once(
+                target, drafters, cfg, first.tokens, make(cfg), min(WARMUP_TOKENS, max_tokens), tie_margin
+            )
             done += 1
 
     measurements: list[Measurement] = []
@@ -861,7 +867,9 @@ def run_bench(
             for cfg in [*configs[shift:], *configs[:shift]]:
                 report(done, total, f"{prompt.name} · {cfg.name} · run {rep + 1}/{repeats}")
                 planner = make(cfg)  # built outside the timed loop
-                out, stats = generate_once(target, drafters, cfg, prompt.tokens, planner, max_tokens)
+                out, stats = generate_once(
+                    target, drafters, cfg, prompt.tokens, planner, max_tokens, tie_margin
+                )
                 measurements.append(Measurement(prompt.name, cfg.name, rep, out, stats))
                 done += 1
 

@@ -53,6 +53,11 @@ class Engine(Protocol):
     @property
     def drafters(self) -> Sequence[Drafter]: ...
 
+    @property
+    def tie_margin(self) -> float:
+        """Greedy verification margin (speculative.Settings.tie_margin; 0 where rounding is exact)."""
+        ...
+
     def render(self, messages: Sequence[Message]) -> tuple[list[int], str | None]:
         """Token ids of the conversation in the chat template (+ a warning); ContextFull if too long."""
         ...
@@ -256,7 +261,9 @@ class ChatSession:
             prompt,
             drafters=drafters,
             planner=self._planner,
-            settings=Settings(max_tokens=self.max_tokens, params=self.params),
+            settings=Settings(
+                max_tokens=self.max_tokens, params=self.params, tie_margin=self.engine.tie_margin
+            ),
             rng=self.rng,
             tally=tally,
         )

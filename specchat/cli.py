@@ -239,7 +239,7 @@ def run(
             tokens,
             drafters=loaded.drafters,
             planner=planner,
-            settings=Settings(max_tokens=max_tokens, params=params),
+            settings=Settings(max_tokens=max_tokens, params=params, tie_margin=loaded.tie_margin),
             rng=rng,
             tally=tally,
         )

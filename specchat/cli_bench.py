@@ -299,6 +299,7 @@ def _run_with_progress(
             audit=audit,
             meta=meta,
             progress=progress,
+            tie_margin=loaded.tie_margin,
         )
 
     if not err.is_terminal:

@@ -71,6 +71,10 @@ class LoadedEngine:
     def drafters(self) -> Sequence[Drafter]:
         return self.loaded.drafters
 
+    @property
+    def tie_margin(self) -> float:
+        return self.loaded.tie_margin
+
     def render(self, messages: Sequence[dict[str, str]]) -> tuple[list[int], str | None]:
         from . import loader
 

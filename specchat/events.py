@@ -43,6 +43,7 @@ class Round:
     emitted: int
     seconds: float  # the whole round: drafting + verification
     draft_seconds: float = 0.0
+    recheck: bool = False  # stopped at a near-tie, which the next round evaluates one token alone
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +83,7 @@ class Stats:
     drafted_by_position: tuple[int, ...] = ()
     drafters: tuple[DrafterStats, ...] = field(default_factory=tuple)
     k_history: tuple[int, ...] = ()
+    rechecked: int = 0  # near-tie positions re-evaluated one token alone (Settings.tie_margin)
 
     @property
     def tokens_per_second(self) -> float:
@@ -118,6 +120,7 @@ class Stats:
             "accepted_by_position": list(self.accepted_by_position),
             "drafted_by_position": list(self.drafted_by_position),
             "k_history": list(self.k_history),
+            "rechecked": self.rechecked,
             "drafters": [
                 {
                     "name": d.name,

@@ -41,6 +41,7 @@ class Loaded:
     drafters: list[Drafter]
     warnings: list[str] = field(default_factory=list)
     draft_models: list[LlamaModel] = field(default_factory=list)
+    tie_margin: float = 0.0  # greedy verification: see speculative.Settings
 
     def close(self) -> None:
         for m in self.draft_models:
@@ -99,6 +100,12 @@ def load(
             out.draft_models.append(dm)
             out.warnings.extend(check_pair(target, dm))
             out.drafters.append(ModelDrafter(dm, p_min=cfg.p_min))
+        if out.drafters:
+            from .engine import backend_info
+            from .tuning import tie_margin
+
+            note("measuring batched-vs-one-token rounding (once per model and machine)")
+            out.tie_margin = tie_margin(target, backend=str(backend_info().get("system_info", "")))
     except BaseException:
         out.close()
         raise

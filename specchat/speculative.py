@@ -55,8 +55,14 @@ class FixedK:
 
 @dataclass(frozen=True, slots=True)
 class Settings:
+    """`tie_margin` (greedy only): a batched verify row decides a token only when its top-2 logit gap
+    exceeds this; a nearer tie is re-evaluated next round as plain decoding does it, one token alone.
+    Backends round batched and one-token evaluation differently (tuning.verify_margin measures how
+    much), so without it a near-tie could go the other way than in the target's own decoding."""
+
     max_tokens: int = 256
     params: SamplingParams = field(default_factory=SamplingParams)
+    tie_margin: float = 0.0
 
 
 @dataclass(slots=True)
@@ -75,9 +81,11 @@ class Tally:
     accepted_by_pos: list[int] = field(default_factory=list)
     k_history: list[int] = field(default_factory=list)
     drafters: dict[str, DrafterStats] = field(default_factory=dict)
+    rechecked: int = 0
 
     def add_round(self, rnd: Round) -> None:
         self.passes += 1
+        self.rechecked += rnd.recheck
         self.drafted += rnd.drafted
         self.accepted += rnd.accepted
         self.k_history.append(rnd.k)
@@ -112,6 +120,7 @@ class Tally:
             drafted_by_position=tuple(self.drafted_by_pos),
             drafters=tuple(self.drafters.values()),
             k_history=tuple(self.k_history),
+            rechecked=self.rechecked,
         )
 
 
@@ -153,6 +162,8 @@ def generate(
     detok = Detokenizer(target)
     committed = list(prompt)
     n_prompt = len(prompt)
+    margin = settings.tie_margin if params.greedy else 0.0
+    recheck = False  # the last round stopped at a near-tie: evaluate the next token alone
     tally.prompt_tokens = n_prompt
 
     t0 = time.perf_counter()
@@ -178,16 +189,21 @@ def generate(
                 )
                 break
             max_k = min(remaining - 1, room - 1)
-            which, k = planner.plan(max_k) if drafters else (None, 0)
+            which, k = planner.plan(max_k) if drafters and not recheck else (None, 0)
             drafter = drafters[which] if which is not None and k > 0 else None
             proposal = drafter.propose(committed, k, params, rng) if drafter is not None else Proposal()
             del proposal.tokens[max_k:]
             n_draft = len(proposal.tokens)
             t_verify = time.perf_counter()
             rows = target.decode([committed[-1], *proposal.tokens], range(n_draft + 1))
-            new, n_ok = _verify(rows, proposal, params, rng, target.n_vocab)
-            # the cache holds committed[:-1] + [last] + drafts: keep committed + accepted drafts
-            target.truncate(len(committed) + n_ok)
+            # a one-token batch is evaluated exactly as plain decoding does: no margin needed there
+            new, n_ok, judged = _verify(
+                rows, proposal, params, rng, target.n_vocab, margin if n_draft else 0.0
+            )
+            recheck = len(new) == n_ok  # stopped at a near-tie: no target token was decided
+            # the cache holds committed[:-1] + [last] + drafts; afterwards it must hold the new
+            # committed[:-1]: committed + accepted drafts, minus one when no target token followed them
+            target.truncate(len(committed) + n_ok - recheck)
             ended = False
             emitted = 0
             for i, tok in enumerate(new):
@@ -201,16 +217,17 @@ def generate(
                     assert drafter is not None
                     yield Token(tok, detok.piece(tok), drafter.source, drafter.name)
                 else:
-                    yield Token(tok, detok.piece(tok), _target_source(n_draft, n_ok))
+                    yield Token(tok, detok.piece(tok), _target_source(judged, n_ok))
             now = time.perf_counter()
             rnd = Round(
                 drafter=drafter.name if drafter is not None else None,
                 k=k if drafter is not None else 0,
-                drafted=n_draft,
+                drafted=judged,
                 accepted=n_ok,
                 emitted=emitted,
                 seconds=now - t_verify + proposal.seconds,
                 draft_seconds=proposal.seconds,
+                recheck=recheck,
             )
             tally.decode_seconds = now - t_decode
             tally.add_round(rnd)
@@ -245,15 +262,23 @@ def _verify(
     params: SamplingParams,
     rng: np.random.Generator,
     n_vocab: int,
-) -> tuple[list[int], int]:
-    """Walk the drafts against the target rows. Returns (tokens to commit, number of drafts kept)."""
+    margin: float = 0.0,
+) -> tuple[list[int], int, int]:
+    """Walk the drafts against the target rows.
+
+    Returns (tokens to commit, drafts kept, drafts judged). With a greedy `margin`, a row whose top-2
+    gap is below it decides nothing: the walk stops before it, committing only the drafts accepted so
+    far (possibly nothing), and the caller re-evaluates that position one token alone.
+    """
     out: list[int] = []
     for i, tok in enumerate(proposal.tokens):
         if params.greedy:
             best = greedy(rows[i])
+            if margin > 0.0 and top_gap(rows[i]) < margin:
+                return out, i, i
             out.append(best)
             if best != tok:
-                return out, i
+                return out, i, i + 1
             continue
         p = probs(rows[i], params)
         if proposal.q is not None:
@@ -265,7 +290,19 @@ def _verify(
         ok, tok2 = verify(p, q, tok, rng)
         out.append(tok2)
         if not ok:
-            return out, i
-    last = rows[len(proposal.tokens)]
-    out.append(greedy(last) if params.greedy else sample(probs(last, params), rng))
-    return out, len(proposal.tokens)
+            return out, i, i + 1
+    n = len(proposal.tokens)
+    last = rows[n]
+    if params.greedy:
+        if margin > 0.0 and top_gap(last) < margin:
+            return out, n, n
+        out.append(greedy(last))
+    else:
+        out.append(sample(probs(last, params), rng))
+    return out, n, n
+
+
+def top_gap(logits: np.ndarray) -> float:
+    """Logit gap between the best and second-best token: how close this greedy choice is to a tie."""
+    top2 = np.partition(logits, -2)[-2:]
+    return float(top2[1] - top2[0])

@@ -242,6 +242,50 @@ def exact_batch(model: Model, n_max: int, *, filler: int = 16) -> int:
     return exact
 
 
+def batch_noise(model: Model, *, contexts: Sequence[int] = (300, 600), n: int = 4) -> float:
+    """Largest |batched − one-token| logit difference, over verify batches of n rows after contexts of
+    the given lengths. Zero where the backend is bit-exact; on llama.cpp's multi-threaded CPU backend
+    it is not once the KV cache reaches 512 cells (its flash attention splits the KV across threads
+    for a single query row only), and GPUs use other kernels for batches than for one row.
+
+    Leaves the cache empty: call it right after loading."""
+    model.truncate(0)
+    lengths = sorted({max(1, min(c, model.n_ctx - n - 1)) for c in contexts})
+    probe = [(i * 7919) % max(1, model.n_vocab - 16) + 8 for i in range(lengths[-1] + n)]
+    worst = 0.0
+    for length in lengths:
+        model.decode(probe[len(model.tokens) : length], [])
+        nxt = probe[length : length + n]
+        singles = np.stack([np.array(model.decode([t], [0])[0], copy=True) for t in nxt])
+        model.truncate(length)
+        rows = np.array(model.decode(nxt, list(range(n))), copy=True)
+        model.truncate(length)
+        worst = max(worst, float(np.abs(rows - singles).max()))
+    model.truncate(0)
+    return worst
+
+
+def tie_margin(target: Model, *, backend: str = "", use_cache: bool = True) -> float:
+    """The greedy tie margin for `Settings.tie_margin`: a top-2 gap that batched-vs-one-token rounding
+    cannot overturn. Each logit moves by at most the measured noise, so a gap moves by at most twice
+    that. Measured once per model file and machine, like the costs."""
+    cache_path = _cache_file()
+    cache: dict[str, object] = {}
+    if use_cache:
+        try:
+            cache = json.loads(cache_path.read_text())
+        except (OSError, ValueError):
+            cache = {}
+    key = "noise:" + _key(target, backend)
+    noise = cache.get(key)
+    if not isinstance(noise, float):
+        noise = batch_noise(target)
+        cache[key] = noise
+        if use_cache:
+            _write_cache(cache_path, cache)
+    return 2.0 * noise
+
+
 def measure_draft(model: Model, *, reps: int = 5) -> float:
     """Seconds per drafted token: one single-token decode with one logits row."""
     v = measure_verify(model, 1, reps=reps)
@@ -253,6 +297,17 @@ def _cache_file() -> Path:
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "specchat"
     )
     return Path(home) / "calibration.json"
+
+
+def _write_cache(path: Path, cache: dict[str, object]) -> None:
+    """Replace the calibration file atomically; a read-only cache only costs a re-measurement."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(cache, indent=1))
+        tmp.replace(path)
+    except OSError:
+        pass
 
 
 def _key(model: object, extra: str) -> str:
@@ -304,13 +359,7 @@ def calibrate(
             cache[dkey] = c
         draft.append(c)
     if use_cache:
-        try:
-            cache_path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = cache_path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(cache, indent=1))
-            tmp.replace(cache_path)
-        except OSError:
-            pass  # a read-only cache dir only costs a re-measurement next time
+        _write_cache(cache_path, cache)
     return Costs(verify=[float(x) for x in verify], draft=draft, exact_n=exact_n)
 
 

@@ -73,6 +73,7 @@ class FakeEngine:
         self.draft = Interrupting(V, n_ctx=n_ctx, table=table, name="draft")
         self.drafters = [ModelDrafter(self.draft, p_min=0.0)] if with_draft else []
         self.rendered: list[list[dict[str, str]]] = []
+        self.tie_margin = 0.0
 
     def render(self, messages: Sequence[dict[str, str]]) -> tuple[list[int], str | None]:
         self.rendered.append([dict(m) for m in messages])
@@ -339,6 +340,7 @@ class FakeLoaded:
         self.drafters = engine.drafters
         self.warnings: list[str] = []
         self.draft_models: list[FakeModel] = []
+        self.tie_margin = 0.0
         self.closed = False
 
     def close(self) -> None:
