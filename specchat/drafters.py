@@ -103,11 +103,16 @@ class NgramDrafter:
     Free to run, and right surprisingly often wherever the answer copies its input: code edits,
     refactors, summaries, retrieval answers. An index from each n-gram to its latest end position is
     extended incrementally, so a lookup costs O(max_n) regardless of context length.
+
+    Matches shorter than `min_n` propose nothing: after a single shared token the continuation is
+    right too rarely to pay for the longer verify batch (on the benchmark suite a 1-token match was
+    accepted 4-76% of the time, a 2-token match 17-84%). An empty proposal costs nothing: the round
+    is then plain decoding.
     """
 
     source = Source.NGRAM
 
-    def __init__(self, max_n: int = 4, min_n: int = 1, name: str = "ngram") -> None:
+    def __init__(self, max_n: int = 4, min_n: int = 2, name: str = "ngram") -> None:
         self.name = name
         self.max_n = max_n
         self.min_n = min_n

@@ -28,10 +28,13 @@ def test_proposes_continuation_of_longest_recent_match():
 
 
 def test_no_match_proposes_nothing_and_context_change_reindexes():
-    d = NgramDrafter()
+    d = NgramDrafter(min_n=1)
     assert d.propose([1, 2, 3, 4], 4, G, RNG).tokens == []
     assert d.propose([7, 8, 7], 2, G, RNG).tokens == [8, 7]
     assert d.propose([1, 2, 1], 2, G, RNG).tokens == [2, 1]  # a different context, not an extension
+    # by default a single shared token is too weak a match to draft from
+    assert NgramDrafter().propose([7, 8, 7], 2, G, RNG).tokens == []
+    assert NgramDrafter().propose([7, 8, 9, 7, 8], 2, G, RNG).tokens == [9, 7]
 
 
 @settings(max_examples=80, deadline=None)
