@@ -68,22 +68,31 @@ def test_twenty_turn_soak_trims_context_and_keeps_memory_flat(real_pair):
     loaded = loader.load(loader.LoadConfig(target=target, drafts=(draft,), ctx_size=1024))
     proc = psutil.Process()
     try:
-        session = ChatSession(LoadedEngine(loaded), system="Answer in two sentences.", max_tokens=48)
-        rss_after_warmup = 0
+        session = ChatSession(LoadedEngine(loaded), system="Answer in a short paragraph.", max_tokens=96)
+        rss: list[int] = []
+        first_trim: int | None = None
         trims = 0
         for turn in range(20):
             answer = session.ask(
-                f"Question {turn + 1}: name a Python built-in function and say what it does."
+                f"Question {turn + 1}: pick a Python built-in function and explain it, with an example."
             )
-            trims += any("dropped" in n for n in answer.notices)
+            if any("dropped" in n for n in answer.notices):
+                trims += 1
+                first_trim = turn if first_trim is None else first_trim
             tokens = [e for e in answer.events if isinstance(e, Token)]
             assert tokens, f"turn {turn + 1} produced no answer"
             assert len(loaded.target.tokens) <= 1024
-            if turn == 2:
-                rss_after_warmup = proc.memory_info().rss
-        growth = proc.memory_info().rss - rss_after_warmup
-        assert trims >= 1, "a 20-turn chat in 1024 tokens must have trimmed old turns"
+            rss.append(proc.memory_info().rss)
+        assert first_trim is not None and first_trim < 12, f"no trim by turn 12 ({trims} trims in 20 turns)"
+        # Warm-up ends with the first trim: llama.cpp's KV cache and compute buffers are allocated up
+        # front, but their pages become resident only when first written, i.e. once the context has
+        # been full and re-processed in one large batch. Growth after that would be a leak.
+        growth = rss[-1] - rss[first_trim]
+        print(
+            f"soak: 20 turns, {trims} trims (first at turn {first_trim + 1}); RSS MiB per turn:",
+            [round(r / 2**20) for r in rss],
+            f"; growth after warm-up {growth / 2**20:.1f} MiB",
+        )
         assert growth < 50 * 2**20, f"resident memory grew by {growth / 2**20:.1f} MiB after warm-up"
-        print(f"soak: 20 turns, {trims} trims, RSS growth after warm-up {growth / 2**20:.1f} MiB")
     finally:
         loaded.close()
