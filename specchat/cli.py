@@ -247,7 +247,7 @@ def run(
         shown = render.consume(gen, stream, tally)
         why = getattr(planner, "explain", lambda _names: None)([d.name for d in loaded.drafters])
         for note in [*shown.notices, *([why] if why and not as_json else [])]:
-            err.print(f"[yellow]note:[/] {escape(note)}", highlight=False)
+            err.print(f"[yellow]note:[/] {escape(note)}", highlight=False, soft_wrap=True)
         stats = shown.stats
         if save_svg is not None:
             from .chat import Turn
