@@ -24,7 +24,7 @@ from typing import Protocol
 
 import numpy as np
 
-from .drafters import Drafter
+from .drafters import Drafter, default_p_min
 from .errors import BadInput, ContextFull
 from .events import Done, Event, Stats, Token
 from .model import Model
@@ -36,11 +36,6 @@ Message = dict[str, str]
 #: Trimming drops turns until the prompt takes at most this share of the space left for it, so the
 #: next few turns fit without trimming (each trim changes the prefix and costs a full re-prefill).
 TRIM_TO = 0.75
-
-
-def default_p_min(params: SamplingParams) -> float:
-    """The draft confidence cut-off used when the user gave none (as in `specchat run`)."""
-    return 0.75 if params.greedy else 0.5
 
 
 class Engine(Protocol):

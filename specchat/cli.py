@@ -172,6 +172,7 @@ def run(
     import numpy as np
 
     from . import loader, render, tuning
+    from .drafters import default_p_min
     from .sampling import SamplingParams
     from .speculative import Settings, Tally, generate
 
@@ -208,7 +209,7 @@ def run(
         gpu_layers=gpu_layers,
         draft_gpu_layers=draft_gpu_layers,
         threads=threads,
-        p_min=p_min if p_min is not None else (0.75 if params.greedy else 0.5),
+        p_min=p_min if p_min is not None else default_p_min(params),
         offline=offline or None,
         force=force,
         verbose=verbose,

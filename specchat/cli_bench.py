@@ -140,7 +140,10 @@ def bench(
     if save is not None:
         _check_writable(save)
     drafts = tuple(dict.fromkeys(draft)) if draft else _default_drafts(target)
-    p_min_val = p_min if p_min is not None else 0.75  # the bench is greedy: run's greedy default
+    from .drafters import default_p_min
+    from .sampling import SamplingParams
+
+    p_min_val = p_min if p_min is not None else default_p_min(SamplingParams())  # the bench is greedy
     err = err_console()
 
     if export is not None:

@@ -36,6 +36,7 @@ from .chat import (
     totals_row,
 )
 from .cli_common import err_console, fail_line, guarded, out_console
+from .drafters import default_p_min
 from .errors import BadInput, SpecchatError
 from .events import Source
 from .sampling import SamplingParams
@@ -138,7 +139,7 @@ def chat(
         gpu_layers=gpu_layers,
         draft_gpu_layers=draft_gpu_layers,
         threads=threads,
-        p_min=p_min if p_min is not None else 0.75,
+        p_min=p_min if p_min is not None else default_p_min(SamplingParams(temperature=temp)),
         offline=offline or None,
         force=force,
         verbose=verbose,

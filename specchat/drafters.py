@@ -47,6 +47,12 @@ class Drafter(Protocol):
         ...
 
 
+def default_p_min(params: SamplingParams) -> float:
+    """The draft confidence cut-off when the user gives none: 0.75 greedy (llama.cpp's usual setting),
+    0.5 when sampling, where the draft's top probability is naturally lower."""
+    return 0.75 if params.greedy else 0.5
+
+
 class ModelDrafter:
     """A small GGUF model run autoregressively. Its KV cache persists between rounds: each round it
     only decodes the tokens committed since its last proposal (usually one or two)."""

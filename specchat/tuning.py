@@ -270,12 +270,7 @@ def tie_margin(target: Model, *, backend: str = "", use_cache: bool = True) -> f
     cannot overturn. Each logit moves by at most the measured noise, so a gap moves by at most twice
     that. Measured once per model file and machine, like the costs."""
     cache_path = _cache_file()
-    cache: dict[str, object] = {}
-    if use_cache:
-        try:
-            cache = json.loads(cache_path.read_text())
-        except (OSError, ValueError):
-            cache = {}
+    cache = _read_cache(cache_path) if use_cache else {}
     key = "noise:" + _key(target, backend)
     noise = cache.get(key)
     if not isinstance(noise, float):
@@ -297,6 +292,15 @@ def _cache_file() -> Path:
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "specchat"
     )
     return Path(home) / "calibration.json"
+
+
+def _read_cache(path: Path) -> dict[str, object]:
+    """The calibration file's measurements; a missing or damaged file just means measuring again."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def _write_cache(path: Path, cache: dict[str, object]) -> None:
@@ -331,12 +335,7 @@ def calibrate(
 ) -> Costs:
     """Measured costs, from the on-disk cache when the same files/hardware were measured before."""
     cache_path = _cache_file()
-    cache: dict[str, object] = {}
-    if use_cache:
-        try:
-            cache = json.loads(cache_path.read_text())
-        except (OSError, ValueError):
-            cache = {}
+    cache = _read_cache(cache_path) if use_cache else {}
     tkey = "verify:" + _key(target, f"{backend}:{k_max}")
     verify = cache.get(tkey)
     if not (isinstance(verify, list) and len(verify) == k_max + 1):
