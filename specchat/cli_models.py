@@ -132,12 +132,44 @@ def models_command(json_output: JsonOpt = False, drafts_for: DraftsForOpt = None
     else:
         aliases = list(registry.models)
     rows = [_row(registry.models[a], registry) for a in aliases]
+    if drafts_for is not None:
+        _confirm_vocab(hub.cached_path(target), rows)
     if json_output:
         typer.echo(json.dumps(rows, indent=2))
         return
     title = f"drafts for {drafts_for} (recommended first)" if drafts_for else f"models in {registry.path}"
     console = Console()
     console.print(_table(rows, title, show_path=console.width >= 120))
+    if drafts_for is not None:
+        for row in rows:
+            if row.get("vocab"):
+                console.print(
+                    f"{row['alias']}: tokenizer check against {drafts_for}: {row['vocab']}", highlight=False
+                )
+
+
+def _confirm_vocab(target_path: Path | None, rows: list[dict[str, Any]]) -> None:
+    """Where the target and a draft are both downloaded, confirm the registry's family claim with the
+    real tokenizer check (vocab-only loads, about a second): rows get `vocab` = "same", "warning: ..."
+    or "different: ...", or None when a file is missing."""
+    from .engine import LlamaVocab
+    from .errors import SpecchatError
+    from .pair import check_pair
+
+    for row in rows:
+        row["vocab"] = None
+    if target_path is None:
+        return
+    with LlamaVocab(target_path) as target:
+        for row in rows:
+            if not row["path"]:
+                continue
+            try:
+                with LlamaVocab(Path(row["path"])) as draft:
+                    warnings = check_pair(target, draft)
+                row["vocab"] = f"warning: {warnings[0]}" if warnings else "same"
+            except SpecchatError as err:
+                row["vocab"] = f"different: {err.message}"
 
 
 def _row(entry: ModelEntry, registry: Registry) -> dict[str, Any]:

@@ -97,7 +97,71 @@ def _quiet_stderr(enabled: bool) -> Iterator[None]:
         os.close(devnull)
 
 
-class LlamaModel:
+class _VocabFacts:
+    """Tokenizer facts for the pair check, shared by a full model and a vocab-only load."""
+
+    _vocab: object
+    _n_vocab: int
+
+    def vocab_facts(self) -> VocabFacts:
+        v = self._vocab
+        return VocabFacts(
+            vocab_type=int(llama_cpp.llama_vocab_type(v)),
+            n_vocab=self._n_vocab,
+            bos=int(llama_cpp.llama_vocab_bos(v)),
+            eos=int(llama_cpp.llama_vocab_eos(v)),
+            add_bos=bool(llama_cpp.llama_vocab_get_add_bos(v)),
+            add_eos=bool(llama_cpp.llama_vocab_get_add_eos(v)),
+        )
+
+    def token_text(self, token: int) -> str:
+        raw = llama_cpp.llama_vocab_get_text(self._vocab, token)
+        return raw.decode("utf-8", errors="replace") if raw else ""
+
+    def is_control(self, token: int) -> bool:
+        """Control/special tokens (chat markers, unused slots): a mismatch there is only a warning."""
+        attr = int(llama_cpp.llama_vocab_get_attr(self._vocab, token))
+        special = (
+            llama_cpp.LLAMA_TOKEN_ATTR_CONTROL
+            | llama_cpp.LLAMA_TOKEN_ATTR_USER_DEFINED
+            | llama_cpp.LLAMA_TOKEN_ATTR_UNKNOWN
+            | llama_cpp.LLAMA_TOKEN_ATTR_UNUSED
+        )
+        return bool(attr & special)
+
+
+class LlamaVocab(_VocabFacts):
+    """Only a GGUF's tokenizer (llama.cpp's vocab_only load: no weights read, milliseconds), for checking
+    that a draft and a target agree on token ids without loading either model."""
+
+    def __init__(self, path: Path, name: str | None = None) -> None:
+        self.path = Path(path)
+        self.name = name or self.path.name
+        set_verbose(False)
+        llama_cpp.llama_backend_init()
+        mparams = llama_cpp.llama_model_default_params()
+        mparams.vocab_only = True
+        with _quiet_stderr(True):
+            model = llama_cpp.llama_model_load_from_file(str(self.path).encode(), mparams)
+        if not model:
+            raise ModelFileError(f"llama.cpp could not read the tokenizer of {self.path}")
+        self._model = model
+        self._vocab = llama_cpp.llama_model_get_vocab(model)
+        self._n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
+
+    def close(self) -> None:
+        if getattr(self, "_model", None):
+            llama_cpp.llama_model_free(self._model)
+            self._model = None
+
+    def __enter__(self) -> LlamaVocab:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class LlamaModel(_VocabFacts):
     """A loaded GGUF model with its own context (KV cache) and a reusable batch.
 
     Implements `specchat.model.Model`. `tokens` mirrors what the KV cache holds, so prefix reuse and
@@ -280,33 +344,6 @@ class LlamaModel:
 
     def detokenize(self, tokens: Sequence[int]) -> str:
         return b"".join(self.token_bytes(t) for t in tokens).decode("utf-8", errors="replace")
-
-    # --- facts ------------------------------------------------------------------------------------
-    def vocab_facts(self) -> VocabFacts:
-        v = self._vocab
-        return VocabFacts(
-            vocab_type=int(llama_cpp.llama_vocab_type(v)),
-            n_vocab=self._n_vocab,
-            bos=int(llama_cpp.llama_vocab_bos(v)),
-            eos=int(llama_cpp.llama_vocab_eos(v)),
-            add_bos=bool(llama_cpp.llama_vocab_get_add_bos(v)),
-            add_eos=bool(llama_cpp.llama_vocab_get_add_eos(v)),
-        )
-
-    def token_text(self, token: int) -> str:
-        raw = llama_cpp.llama_vocab_get_text(self._vocab, token)
-        return raw.decode("utf-8", errors="replace") if raw else ""
-
-    def is_control(self, token: int) -> bool:
-        """Control/special tokens (chat markers, unused slots): a mismatch there is only a warning."""
-        attr = int(llama_cpp.llama_vocab_get_attr(self._vocab, token))
-        special = (
-            llama_cpp.LLAMA_TOKEN_ATTR_CONTROL
-            | llama_cpp.LLAMA_TOKEN_ATTR_USER_DEFINED
-            | llama_cpp.LLAMA_TOKEN_ATTR_UNKNOWN
-            | llama_cpp.LLAMA_TOKEN_ATTR_UNUSED
-        )
-        return bool(attr & special)
 
     def meta(self, key: str) -> str | None:
         buf = ctypes.create_string_buffer(4096)
