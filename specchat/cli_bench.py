@@ -32,6 +32,7 @@ from .cli import (
     TargetArg,
     ThreadsOpt,
     VerboseOpt,
+    _default_draft,
 )
 from .cli_common import check_range, err_console, guarded, out_console
 from .errors import BadInput
@@ -229,11 +230,9 @@ def _save(path: str, doc: str) -> None:
 
 
 def _default_drafts(target: str) -> tuple[str, ...]:
-    """The registry's recommended draft for an alias target, plus the model-free n-gram drafter."""
-    from .registry import load_registry
-
-    rec = load_registry().recommended_draft(target)
-    return (rec, "ngram") if rec else ("ngram",)
+    """The registry's recommended draft (found as `run` finds it, so hf: and ORG/REPO:QUANT targets
+    in the registry count too), plus the model-free n-gram drafter."""
+    return (*_default_draft(target, None, quiet=True), "ngram")
 
 
 def _prepare(loaded: Loaded, suite: list[BenchPrompt], max_tokens: int, err: Console) -> list[PreparedPrompt]:
