@@ -44,6 +44,8 @@ class Round:
     seconds: float  # the whole round: drafting + verification
     draft_seconds: float = 0.0
     recheck: bool = False  # stopped at a near-tie, which the next round evaluates one token alone
+    route: str | None = None  # the drafter's context class this round (Drafter.route)
+    proposed: int | None = None  # draft tokens in the verify batch (None: `drafted`); batch = this + 1
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,9 +32,12 @@ from .sampling import SamplingParams, align, greedy, probs, sample, verify
 
 
 class Planner(Protocol):
-    """Per round: which drafter (index into the drafters, None = no draft) and how many tokens."""
+    """Per round: which drafter (index into the drafters, None = no draft) and how many tokens.
 
-    def plan(self, max_k: int) -> tuple[int | None, int]: ...
+    `routes[i]` is drafter i's `route()` for this round: the kind of context it is in, or None when it
+    has nothing to propose (so it must not be chosen)."""
+
+    def plan(self, max_k: int, routes: Sequence[str | None]) -> tuple[int | None, int]: ...
 
     def observe(self, rnd: Round, drafter: int | None) -> None: ...
 
@@ -45,9 +48,9 @@ class FixedK:
 
     k: int
 
-    def plan(self, max_k: int) -> tuple[int | None, int]:
+    def plan(self, max_k: int, routes: Sequence[str | None]) -> tuple[int | None, int]:
         k = min(self.k, max_k)
-        return (0, k) if k > 0 else (None, 0)
+        return (0, k) if k > 0 and routes and routes[0] is not None else (None, 0)
 
     def observe(self, rnd: Round, drafter: int | None) -> None:
         return None
@@ -189,7 +192,8 @@ def generate(
                 )
                 break
             max_k = min(remaining - 1, room - 1)
-            which, k = planner.plan(max_k) if drafters and not recheck else (None, 0)
+            routes = [d.route(committed) for d in drafters] if drafters and not recheck else []
+            which, k = planner.plan(max_k, routes) if routes else (None, 0)
             drafter = drafters[which] if which is not None and k > 0 else None
             proposal = drafter.propose(committed, k, params, rng) if drafter is not None else Proposal()
             del proposal.tokens[max_k:]
@@ -228,6 +232,8 @@ def generate(
                 seconds=now - t_verify + proposal.seconds,
                 draft_seconds=proposal.seconds,
                 recheck=recheck,
+                route=routes[which] if drafter is not None and which is not None else None,
+                proposed=n_draft,
             )
             tally.decode_seconds = now - t_decode
             tally.add_round(rnd)

@@ -110,7 +110,13 @@ def best_k(rates: Sequence[float], v: list[float], draft_cost: float) -> tuple[i
 
 
 class AutoPlanner:
-    """Chooses (drafter, k) per round from measured costs and online acceptance."""
+    """Chooses (drafter, k) per round from measured costs and online acceptance.
+
+    Acceptance is tracked per drafter *and route* (the drafter's class for this round's context, e.g.
+    how long the n-gram match is), each route starting from its drafter's prior: that is the routing
+    by context -- the same drafter is trusted with long drafts where it has been right and left idle
+    where it has not, and among several drafters each round goes to the one whose route pays best.
+    """
 
     def __init__(
         self,
@@ -125,11 +131,20 @@ class AutoPlanner:
         self.costs = costs
         # keep verify batches where they are bit-identical to one-token decoding, when some are
         self.k_max = min(k_max, costs.exact_n - 1) if costs.exact_n >= 2 else k_max
-        self.acc = [_Acceptance(a, b) for a, b in priors]
+        self.priors = list(priors)
+        self.acc: dict[tuple[int, str | None], _Acceptance] = {}
         self.rng = rng if rng is not None else np.random.default_rng(0)
         self.explore = explore
         self.learn_costs = learn_costs  # off under --seed: timing noise must not change the choices
         self.last_choice: tuple[int | None, int] = (None, 0)
+
+    def acceptance(self, drafter: int, route: str | None) -> _Acceptance:
+        """The decayed acceptance counts of one drafter on one route (created from its prior)."""
+        key = (drafter, route)
+        found = self.acc.get(key)
+        if found is None:
+            found = self.acc[key] = _Acceptance(*self.priors[drafter])
+        return found
 
     def _verify_curve(self, k_max: int) -> list[float]:
         return [self.costs.v(n) for n in range(1, k_max + 2)]
@@ -142,7 +157,7 @@ class AutoPlanner:
 
     def explain(self, names: Sequence[str]) -> str | None:
         """Why auto mode is not drafting at all, when no drafter could ever pay on this hardware."""
-        if any(self.can_pay(i) for i in range(len(self.acc))):
+        if any(self.can_pay(i) for i in range(len(self.priors))):
             return None
         v1, v4 = self.costs.v(1), self.costs.v(4)
         return (
@@ -151,34 +166,33 @@ class AutoPlanner:
             "-k N forces drafting"
         )
 
-    def plan(self, max_k: int) -> tuple[int | None, int]:
+    def plan(self, max_k: int, routes: Sequence[str | None]) -> tuple[int | None, int]:
         k_cap = min(self.k_max, max_k)
+        self.last_choice = (None, 0)
         if k_cap <= 0:
-            self.last_choice = (None, 0)
             return self.last_choice
         v = self._verify_curve(k_cap)
-        choice: tuple[int | None, int] = (None, 0)
         best_speed = 1.0 / v[0]
-        for i, acc in enumerate(self.acc):
-            if not self.can_pay(i):
+        for i, route in enumerate(routes):
+            if route is None or not self.can_pay(i):
                 continue
-            rates = acc.rates(k_cap, self.rng if self.explore else None)
+            rates = self.acceptance(i, route).rates(k_cap, self.rng if self.explore else None)
             k, speed = best_k(rates, v, self.costs.draft[i])
             if k > 0 and speed > best_speed:
-                choice, best_speed = (i, k), speed
-        self.last_choice = choice
-        return choice
+                self.last_choice, best_speed = (i, k), speed
+        return self.last_choice
 
     def observe(self, rnd: Round, drafter: int | None) -> None:
-        n = rnd.drafted + 1
+        proposed = rnd.drafted if rnd.proposed is None else rnd.proposed
+        n = proposed + 1  # the verify batch: a rejection early in it does not make it cheaper
         verify_s = rnd.seconds - rnd.draft_seconds
         if self.learn_costs and n <= len(self.costs.verify) and verify_s > 0:
             self.costs.verify[n - 1] += EMA * (verify_s - self.costs.verify[n - 1])
         if drafter is None:
             return
-        self.acc[drafter].observe(rnd.drafted, rnd.accepted)
-        if self.learn_costs and rnd.k > 0 and rnd.draft_seconds > 0:
-            per = rnd.draft_seconds / rnd.k
+        self.acceptance(drafter, rnd.route).observe(rnd.drafted, rnd.accepted)
+        if self.learn_costs and proposed > 0 and rnd.draft_seconds > 0:
+            per = rnd.draft_seconds / proposed
             self.costs.draft[drafter] += EMA * (per - self.costs.draft[drafter])
 
 

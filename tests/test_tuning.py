@@ -42,7 +42,7 @@ def simulate(planner: AutoPlanner, accept_prob: list[float], rounds: int, seed: 
     rng = np.random.default_rng(seed)
     choices = []
     for _ in range(rounds):
-        which, k = planner.plan(100)
+        which, k = planner.plan(100, ["any"] * len(accept_prob))
         choices.append((which, k))
         if which is None:
             planner.observe(Round(None, 0, 0, 0, 1, CPU_V[0]), None)
@@ -50,7 +50,7 @@ def simulate(planner: AutoPlanner, accept_prob: list[float], rounds: int, seed: 
         acc = 0
         while acc < k and rng.random() < accept_prob[which]:
             acc += 1
-        planner.observe(Round("d", k, k, acc, acc + 1, planner.costs.v(k + 1)), which)
+        planner.observe(Round("d", k, k, acc, acc + 1, planner.costs.v(k + 1), route="any"), which)
     return choices
 
 
@@ -69,6 +69,45 @@ def test_planner_drafts_with_a_good_free_drafter_and_prefers_the_better_one():
     late = choices[100:]
     assert sum(w == 1 for w, _ in late) / len(late) > 0.8
     assert np.mean([k for _, k in late]) >= 2
+
+
+def test_acceptance_is_learned_per_route_so_one_drafter_drafts_deep_only_where_it_is_right():
+    """Routing by context: the n-gram drafter's long matches are right, its short ones are not."""
+    planner = AutoPlanner(Costs(list(CPU_V), [0.0]), [(1.0, 1.0)], rng=np.random.default_rng(4))
+    rng = np.random.default_rng(5)
+    late: dict[str, list[int]] = {"match 16+": [], "match 2+": []}
+    for i in range(600):
+        route = "match 16+" if i % 2 else "match 2+"
+        which, k = planner.plan(100, [route])
+        if i >= 200:
+            late[route].append(k)
+        if which is None:
+            planner.observe(Round(None, 0, 0, 0, 1, CPU_V[0]), None)
+            continue
+        p = 0.95 if route == "match 16+" else 0.15
+        acc = 0
+        while acc < k and rng.random() < p:
+            acc += 1
+        judged = min(acc + 1, k)
+        planner.observe(Round("ngram", k, judged, acc, acc + 1, CPU_V[k], route=route, proposed=k), which)
+    assert np.mean(late["match 16+"]) >= 2
+    assert np.mean([k > 0 for k in late["match 2+"]]) < 0.1
+
+
+def test_a_drafter_with_nothing_to_propose_is_not_chosen():
+    planner = AutoPlanner(Costs(list(GPU_V), [0.0, 0.0]), [(50.0, 1.0), (50.0, 1.0)])
+    assert planner.plan(8, [None, None]) == (None, 0)
+    assert planner.plan(8, [None, "model"])[0] == 1
+
+
+def test_verify_cost_is_learned_for_the_batch_that_ran_not_the_drafts_judged():
+    costs = Costs(list(CPU_V), [0.0])
+    planner = AutoPlanner(costs, [(1.0, 1.0)])
+    v2 = costs.verify[1]
+    # 5 drafts sent (a batch of 6), the first rejected: the 6-row batch's time must not land on V(2)
+    planner.observe(Round("ngram", 5, 1, 0, 1, 0.3, route="match 2+", proposed=5), 0)
+    assert costs.verify[1] == v2
+    assert costs.verify[5] > CPU_V[5]
 
 
 def test_draft_model_is_never_tried_where_it_cannot_pay():
