@@ -260,6 +260,14 @@ def default_configs(drafter_names: Sequence[str], ks: Sequence[int] = DEFAULT_KS
     return out
 
 
+def exact_ks(ks: Sequence[int], exact_rows: int) -> tuple[int, ...]:
+    """The fixed k whose verify batches (k + 1 rows) are bit-exact, when the backend has an exact
+    batch size at all (exact_rows >= 2; GPUs typically have none, and then every k is kept)."""
+    if exact_rows < 2:
+        return tuple(ks)
+    return tuple(k for k in ks if k + 1 <= exact_rows)
+
+
 def parse_ks(text: str) -> tuple[int, ...]:
     """`--ks 1,2,3,5` -> (1, 2, 3, 5); an empty string means no fixed-k configurations."""
     out: set[int] = set()
@@ -335,6 +343,7 @@ def generate_once(
     planner: Planner,
     max_tokens: int,
     tie_margin: float = 0.0,
+    exact_rows: int = 0,
 ) -> tuple[tuple[int, ...], Stats]:
     """One greedy generation from empty caches: (output tokens, stats)."""
     _reset(target, drafters)
@@ -346,7 +355,10 @@ def generate_once(
         drafters=[drafters[i] for i in cfg.drafters],
         planner=planner,
         settings=Settings(
-            max_tokens=max_tokens, params=SamplingParams(temperature=0.0), tie_margin=tie_margin
+            max_tokens=max_tokens,
+            params=SamplingParams(temperature=0.0),
+            tie_margin=tie_margin,
+            exact_rows=exact_rows,
         ),
         rng=np.random.default_rng(0),
     )
@@ -833,6 +845,7 @@ def run_bench(
     audit: bool = True,
     meta: dict[str, Any] | None = None,
     tie_margin: float = 0.0,
+    exact_rows: int = 0,
 ) -> BenchResult:
     """Measure every configuration on every prompt, interleaved; audit; predict. Prints nothing.
 
@@ -856,7 +869,14 @@ def run_bench(
         for cfg in configs:
             report(done, total, f"warm-up · {cfg.name}")
             generate_once(
-                target, drafters, cfg, first.tokens, make(cfg), min(WARMUP_TOKENS, max_tokens), tie_margin
+                target,
+                drafters,
+                cfg,
+                first.tokens,
+                make(cfg),
+                min(WARMUP_TOKENS, max_tokens),
+                tie_margin,
+                exact_rows,
             )
             done += 1
 
@@ -868,7 +888,7 @@ def run_bench(
                 report(done, total, f"{prompt.name} · {cfg.name} · run {rep + 1}/{repeats}")
                 planner = make(cfg)  # built outside the timed loop
                 out, stats = generate_once(
-                    target, drafters, cfg, prompt.tokens, planner, max_tokens, tie_margin
+                    target, drafters, cfg, prompt.tokens, planner, max_tokens, tie_margin, exact_rows
                 )
                 measurements.append(Measurement(prompt.name, cfg.name, rep, out, stats))
                 done += 1

@@ -53,6 +53,11 @@ class Engine(Protocol):
         """Greedy verification margin (speculative.Settings.tie_margin; 0 where rounding is exact)."""
         ...
 
+    @property
+    def exact_rows(self) -> int:
+        """Verify batches this many rows or fewer need no margin (speculative.Settings.exact_rows)."""
+        ...
+
     def render(self, messages: Sequence[Message]) -> tuple[list[int], str | None]:
         """Token ids of the conversation in the chat template (+ a warning); ContextFull if too long."""
         ...
@@ -257,7 +262,10 @@ class ChatSession:
             drafters=drafters,
             planner=self._planner,
             settings=Settings(
-                max_tokens=self.max_tokens, params=self.params, tie_margin=self.engine.tie_margin
+                max_tokens=self.max_tokens,
+                params=self.params,
+                tie_margin=self.engine.tie_margin,
+                exact_rows=self.engine.exact_rows,
             ),
             rng=self.rng,
             tally=tally,

@@ -213,6 +213,7 @@ def run(
         offline=offline or None,
         force=force,
         verbose=verbose,
+        fixed_k=k_val is not None,
     )
     status = err.status("loading models…") if not as_json else None
     if status is not None:
@@ -240,7 +241,12 @@ def run(
             tokens,
             drafters=loaded.drafters,
             planner=planner,
-            settings=Settings(max_tokens=max_tokens, params=params, tie_margin=loaded.tie_margin),
+            settings=Settings(
+                max_tokens=max_tokens,
+                params=params,
+                tie_margin=loaded.tie_margin,
+                exact_rows=loaded.exact_rows,
+            ),
             rng=rng,
             tally=tally,
         )

@@ -91,8 +91,14 @@ def bench(
         typer.Option("--repeats", "-r", help="Runs of every configuration per prompt (medians reported)."),
     ] = 3,
     ks: Annotated[
-        str, typer.Option("--ks", help="Fixed draft lengths to measure for each drafter, comma-separated.")
-    ] = "1,2,3,5",
+        str | None,
+        typer.Option(
+            "--ks",
+            help="Fixed draft lengths to measure for each drafter, comma-separated "
+            "[default: 1,2,3,5, less those whose verify batch is not bit-exact on this backend].",
+            show_default=False,
+        ),
+    ] = None,
     save: Annotated[
         str | None,
         typer.Option(
@@ -134,7 +140,7 @@ def bench(
     check_range("--threads", threads, 1)
     if p_min is not None and not (0 <= p_min <= 1):
         raise BadInput(f"--draft-p-min must be in [0, 1] (got {p_min})")
-    fixed_ks = core.parse_ks(ks)
+    fixed_ks = core.parse_ks(ks) if ks is not None else None
     if export is not None and export not in EXPORT_FORMATS:
         raise BadInput(f"unknown --export format {export!r}", f"use one of: {', '.join(EXPORT_FORMATS)}")
     suite = core.load_prompts(prompts) if prompts is not None else list(core.SUITE)  # before any slow load
@@ -180,6 +186,17 @@ def bench(
         loaded = loader.load(cfg, note=lambda m: status.update(m), console=err)
     try:
         prepared = _prepare(loaded, suite, max_tokens, err)
+        if fixed_ks is None:
+            fixed_ks = core.exact_ks(core.DEFAULT_KS, loaded.exact_rows)
+            left = sorted(set(core.DEFAULT_KS) - set(fixed_ks))
+            if left:
+                err.print(
+                    f"note: fixed k={','.join(map(str, left))} left out: verify batches over "
+                    f"{loaded.exact_rows} rows are not bit-exact on this backend, so their greedy output "
+                    "could differ from the target's own; --ks measures them anyway",
+                    highlight=False,
+                    soft_wrap=True,
+                )
         configs = core.default_configs([d.name for d in loaded.drafters], fixed_ks)
         meta = _meta(loaded, drafts)
         result = _run_with_progress(loaded, prepared, configs, max_tokens, repeats, not no_audit, meta, err)
@@ -310,6 +327,7 @@ def _run_with_progress(
             meta=meta,
             progress=progress,
             tie_margin=loaded.tie_margin,
+            exact_rows=loaded.exact_rows,
         )
 
     if not err.is_terminal:

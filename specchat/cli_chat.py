@@ -76,6 +76,10 @@ class LoadedEngine:
     def tie_margin(self) -> float:
         return self.loaded.tie_margin
 
+    @property
+    def exact_rows(self) -> int:
+        return self.loaded.exact_rows
+
     def render(self, messages: Sequence[dict[str, str]]) -> tuple[list[int], str | None]:
         from . import loader
 
@@ -143,6 +147,7 @@ def chat(
         offline=offline or None,
         force=force,
         verbose=verbose,
+        fixed_k=k_val is not None,
     )
     with err.status("loading models…") as status:
         loaded = loader.load(cfg, note=status.update, console=err)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +36,19 @@ class LoadOptions:
     #: flip near-tied greedy choices. A target that verifies drafts loads with repack off, which keeps
     #: verify batches of up to 7 rows bit-identical to one-token decoding (measured: tuning.exact_batch).
     repack: bool = True
+    #: None: llama.cpp decides (flash attention on where supported). False/True force it.
+    flash_attn: bool | None = None
+    #: ggml types of the K and V caches (None: llama.cpp's default, f16). A verifying CPU target keeps
+    #: V in bf16: with K and V of different types llama.cpp's CPU flash attention runs one query row
+    #: exactly as it runs several. With both f16 it splits the KV across threads for a single row
+    #: once the cache reaches 512 cells, so one-token decoding and batched verification part in the
+    #: last bits (up to ~0.6 logits measured) and drift apart as the cache fills.
+    type_k: int | None = None
+    type_v: int | None = None
+
+
+#: ggml_type values (ggml.h) for LoadOptions.type_k / type_v
+GGML_TYPE_BF16 = 30
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,12 +67,20 @@ def _silent_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
     return None
 
 
-_SILENT_LOG = llama_cpp.llama_log_callback(_silent_log)  # kept referenced for the process's lifetime
+def _stderr_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+    sys.stderr.write(text.decode("utf-8", errors="replace"))
+    sys.stderr.flush()
+
+
+# kept referenced for the process's lifetime: llama.cpp calls them from C
+_SILENT_LOG = llama_cpp.llama_log_callback(_silent_log)
+_STDERR_LOG = llama_cpp.llama_log_callback(_stderr_log)
 
 
 def set_verbose(verbose: bool) -> None:
-    """Route llama.cpp's own log to stderr (verbose) or drop it; it is noise for users otherwise."""
-    llama_cpp.llama_log_set(None if verbose else _SILENT_LOG, ctypes.c_void_p(0))
+    """Route llama.cpp's own log to stderr (verbose) or drop it; it is noise for users otherwise.
+    (The binding wants a callback either way: a NULL one is rejected by ctypes.)"""
+    llama_cpp.llama_log_set(_STDERR_LOG if verbose else _SILENT_LOG, ctypes.c_void_p(0))
 
 
 def supports_gpu_offload() -> bool:
@@ -182,6 +204,7 @@ class LlamaModel(_VocabFacts):
             mparams.use_extra_bufts = opts.repack
         self.gpu_layers = gpu_layers
         self.repack = opts.repack
+        self.type_v = opts.type_v
         with _quiet_stderr(not opts.verbose):
             model = llama_cpp.llama_model_load_from_file(str(self.path).encode(), mparams)
         if not model:
@@ -199,6 +222,12 @@ class LlamaModel(_VocabFacts):
         threads = opts.threads or _physical_cores()
         cparams.n_threads = threads
         cparams.n_threads_batch = threads
+        if opts.flash_attn is not None:
+            cparams.flash_attn_type = int(opts.flash_attn)  # llama_flash_attn_type: 0 off, 1 on
+        if opts.type_k is not None:
+            cparams.type_k = opts.type_k
+        if opts.type_v is not None:
+            cparams.type_v = opts.type_v
         with _quiet_stderr(not opts.verbose):
             ctx = llama_cpp.llama_init_from_model(model, cparams)
         if not ctx:

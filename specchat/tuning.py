@@ -155,6 +155,9 @@ class AutoPlanner:
         k, _ = best_k([1.0] * self.k_max, v, self.costs.draft[drafter])
         return k > 0
 
+    def may_use(self, drafter: int) -> bool:
+        return self.can_pay(drafter)
+
     def explain(self, names: Sequence[str]) -> str | None:
         """Why auto mode is not drafting at all, when no drafter could ever pay on this hardware."""
         if any(self.can_pay(i) for i in range(len(self.priors))):
@@ -279,6 +282,20 @@ def batch_noise(model: Model, *, contexts: Sequence[int] = (300, 600), n: int = 
     return worst
 
 
+def exact_rows(target: Model, *, k_max: int = K_MAX, backend: str = "", use_cache: bool = True) -> int:
+    """`exact_batch` for this target, from the calibration cache when measured before."""
+    cache_path = _cache_file()
+    cache = _read_cache(cache_path) if use_cache else {}
+    key = "exact:" + _key(target, f"{backend}:{k_max}")
+    exact_n = cache.get(key)
+    if not isinstance(exact_n, int):
+        exact_n = exact_batch(target, k_max + 1)
+        cache[key] = exact_n
+        if use_cache:
+            _write_cache(cache_path, cache)
+    return exact_n
+
+
 def tie_margin(target: Model, *, backend: str = "", use_cache: bool = True) -> float:
     """The greedy tie margin for `Settings.tie_margin`: a top-2 gap that batched-vs-one-token rounding
     cannot overturn. Each logit moves by at most the measured noise, so a gap moves by at most twice
@@ -335,7 +352,7 @@ def _key(model: object, extra: str) -> str:
     if path is not None:
         st = Path(path).stat()
         parts += [str(Path(path).resolve()), str(st.st_size), str(int(st.st_mtime))]
-    parts += [str(getattr(model, name, "")) for name in ("threads", "gpu_layers", "repack")]
+    parts += [str(getattr(model, name, "")) for name in ("threads", "gpu_layers", "repack", "type_v")]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:24]
 
 

@@ -74,6 +74,7 @@ class FakeEngine:
         self.drafters = [ModelDrafter(self.draft, p_min=0.0)] if with_draft else []
         self.rendered: list[list[dict[str, str]]] = []
         self.tie_margin = 0.0
+        self.exact_rows = 0
 
     def render(self, messages: Sequence[dict[str, str]]) -> tuple[list[int], str | None]:
         self.rendered.append([dict(m) for m in messages])
@@ -341,6 +342,7 @@ class FakeLoaded:
         self.warnings: list[str] = []
         self.draft_models: list[FakeModel] = []
         self.tie_margin = 0.0
+        self.exact_rows = 0
         self.closed = False
 
     def close(self) -> None:

@@ -112,3 +112,32 @@ def test_speculative_equals_plain_on_real_engine(pair):
     assert spec == plain
     assert stats.acceptance_rate > 0.5  # the close draft is mostly right
     assert list(t.tokens) == (prompt + spec)[: len(t.tokens)]
+
+
+def test_verbose_load_routes_llama_cpp_log_to_stderr(tiny_pair, capfd):
+    """--verbose used to crash: the binding rejects a NULL log callback."""
+    m = LlamaModel(tiny_pair[0], LoadOptions(n_ctx=64, threads=1, verbose=True))
+    m.close()
+    assert "llama" in capfd.readouterr().err
+    LlamaModel(tiny_pair[0], OPTS).close()  # and quiet again afterwards
+
+
+def test_verifying_cpu_target_keeps_v_in_bf16_and_repack_unless_k_is_forced(tiny_pair):
+    """The load settings that keep verification exact (measured on the real pair in test_real_pair)."""
+    from specchat import loader
+    from specchat.engine import GGML_TYPE_BF16
+
+    loaded = loader.load(loader.LoadConfig(target=str(tiny_pair[0]), drafts=("ngram",), ctx_size=256))
+    try:
+        assert loaded.target.type_v == GGML_TYPE_BF16 and loaded.target.repack
+        assert loaded.exact_rows >= 1
+    finally:
+        loaded.close()
+    forced = loader.load(
+        loader.LoadConfig(target=str(tiny_pair[0]), drafts=("ngram",), ctx_size=256, fixed_k=True)
+    )
+    assert not forced.target.repack
+    forced.close()
+    plain = loader.load(loader.LoadConfig(target=str(tiny_pair[0]), ctx_size=256))
+    assert plain.target.type_v is None and plain.target.repack
+    plain.close()

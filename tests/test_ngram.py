@@ -67,3 +67,31 @@ def test_loop_with_ngram_is_exact_and_labelled():
     assert [t.id for t in toks] == plain_greedy(target, prompt, 30)
     assert sum(t.source is Source.NGRAM for t in toks) >= 20
     assert events[-1].stats.acceptance_rate == 1.0
+
+
+def test_route_names_the_match_length_class():
+    d = NgramDrafter()
+    assert d.route([1, 2, 3, 4]) is None  # nothing repeats: nothing to propose, the round is plain
+    assert d.route([7, 8, 9, 7, 8]) == "match 2+"
+    line = list(range(10, 30))  # a 20-token line copied again: the match runs 16+ tokens back
+    assert d.route([*line, 1, *line[:18]]) == "match 16+"
+    assert d.propose([*line, 1, *line[:18]], 3, G, RNG).tokens == [*line[18:20], 1]
+    # the measured length counts tokens before the longest indexed n-gram that agree too
+    ctx = [5, 1, 2, 3, 4, 5, 6, 9, 9, 1, 2, 3, 4, 5, 6]
+    end, length = d.match(ctx)
+    assert end == 7 and length == 6
+    assert d.route(ctx) == "match 4+"
+
+
+@settings(max_examples=60, deadline=None)
+@given(ctx=st.lists(st.integers(0, 3), min_size=2, max_size=80))
+def test_property_match_length_is_real(ctx):
+    """The reported match really is that long, and is the longest suffix the index can see."""
+    end, length = NgramDrafter().match(ctx)
+    if end is None:
+        assert length == 0
+        return
+    n = len(ctx)
+    assert length >= 2 and end - length >= 0
+    assert ctx[end - length : end] == ctx[n - length :]
+    assert end <= n - 1

@@ -274,3 +274,30 @@ def test_tie_margin_keeps_greedy_output_equal_to_one_token_decoding():
         diverged += plain != ref
     assert rechecked > 0 and accepted > 100  # near-ties were re-checked, drafting still did its work
     assert diverged > 0  # the noise is real: the margin is what keeps the output exact
+
+
+def test_a_drafter_the_planner_cannot_use_is_not_given_the_prompt():
+    """With -k auto on hardware where a draft model never pays, the draft does no prefill at all."""
+    target, draft = FakeModel(n_vocab=16), FakeModel(n_vocab=16)
+    drafter = ModelDrafter(draft, p_min=0.0)
+    out = list(
+        generate(target, [1, 2, 3, 4], drafters=[drafter], planner=FixedK(0), settings=Settings(max_tokens=5))
+    )
+    assert isinstance(out[-1], Done)
+    assert draft.decode_calls == []
+
+
+def test_batches_within_the_exact_size_need_no_margin():
+    """Settings.exact_rows: rows of a batch that small are bit-identical to one-token decoding."""
+    target = NoisyBatchModel(0.3, seed=1, n_vocab=8, sharpness=2.0)
+    draft = FakeModel(seed=1, n_vocab=8, table=target.table)
+    events = list(
+        generate(
+            target,
+            PROMPT,
+            drafters=[ModelDrafter(draft, p_min=0.0)],
+            planner=FixedK(2),
+            settings=Settings(max_tokens=40, tie_margin=100.0, exact_rows=3),
+        )
+    )
+    assert events[-1].stats.rechecked == 0 and events[-1].stats.accepted > 0
