@@ -33,21 +33,19 @@ class LoadOptions:
     verbose: bool = False
     #: llama.cpp's CPU "extra buffers" repack quantised weights for faster batched matmuls, but their
     #: GEMM kernel (used from 4 rows up on x86) rounds differently from the one-token path, enough to
-    #: flip near-tied greedy choices. A target that verifies drafts loads with repack off, which keeps
-    #: verify batches of up to 7 rows bit-identical to one-token decoding (measured: tuning.exact_batch).
+    #: flip near-tied greedy choices. A target forced to a fixed -k loads with repack off, which keeps
+    #: verify batches of up to 7 rows bit-identical to one-token decoding (measured: tuning.exact_batch);
+    #: auto mode keeps repack and drafts only within the exact batch it measures (3 rows on x86).
     repack: bool = True
-    #: None: llama.cpp decides (flash attention on where supported). False/True force it.
-    flash_attn: bool | None = None
-    #: ggml types of the K and V caches (None: llama.cpp's default, f16). A verifying CPU target keeps
+    #: ggml type of the V cache (None: llama.cpp's default, f16). A verifying CPU target keeps
     #: V in bf16: with K and V of different types llama.cpp's CPU flash attention runs one query row
     #: exactly as it runs several. With both f16 it splits the KV across threads for a single row
     #: once the cache reaches 512 cells, so one-token decoding and batched verification part in the
     #: last bits (up to ~0.6 logits measured) and drift apart as the cache fills.
-    type_k: int | None = None
     type_v: int | None = None
 
 
-#: ggml_type values (ggml.h) for LoadOptions.type_k / type_v
+#: ggml_type value (ggml.h) for LoadOptions.type_v
 GGML_TYPE_BF16 = 30
 
 
@@ -222,10 +220,6 @@ class LlamaModel(_VocabFacts):
         threads = opts.threads or _physical_cores()
         cparams.n_threads = threads
         cparams.n_threads_batch = threads
-        if opts.flash_attn is not None:
-            cparams.flash_attn_type = int(opts.flash_attn)  # llama_flash_attn_type: 0 off, 1 on
-        if opts.type_k is not None:
-            cparams.type_k = opts.type_k
         if opts.type_v is not None:
             cparams.type_v = opts.type_v
         with _quiet_stderr(not opts.verbose):

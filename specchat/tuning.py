@@ -27,9 +27,10 @@ import os
 import platform
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -284,32 +285,25 @@ def batch_noise(model: Model, *, contexts: Sequence[int] = (300, 600), n: int = 
 
 def exact_rows(target: Model, *, k_max: int = K_MAX, backend: str = "", use_cache: bool = True) -> int:
     """`exact_batch` for this target, from the calibration cache when measured before."""
-    cache_path = _cache_file()
-    cache = _read_cache(cache_path) if use_cache else {}
-    key = "exact:" + _key(target, f"{backend}:{k_max}")
-    exact_n = cache.get(key)
-    if not isinstance(exact_n, int):
-        exact_n = exact_batch(target, k_max + 1)
-        cache[key] = exact_n
-        if use_cache:
-            _write_cache(cache_path, cache)
-    return exact_n
+    return _cached(  # type: ignore[no-any-return]
+        "exact:" + _key(target, f"{backend}:{k_max}"),
+        lambda v: isinstance(v, int),
+        lambda: exact_batch(target, k_max + 1),
+        use_cache,
+    )
 
 
 def tie_margin(target: Model, *, backend: str = "", use_cache: bool = True) -> float:
     """The greedy tie margin for `Settings.tie_margin`: a top-2 gap that batched-vs-one-token rounding
     cannot overturn. Each logit moves by at most the measured noise, so a gap moves by at most twice
     that. Measured once per model file and machine, like the costs."""
-    cache_path = _cache_file()
-    cache = _read_cache(cache_path) if use_cache else {}
-    key = "noise:" + _key(target, backend)
-    noise = cache.get(key)
-    if not isinstance(noise, float):
-        noise = batch_noise(target)
-        cache[key] = noise
-        if use_cache:
-            _write_cache(cache_path, cache)
-    return 2.0 * noise
+    noise = _cached(
+        "noise:" + _key(target, backend),
+        lambda v: isinstance(v, float),
+        lambda: batch_noise(target),
+        use_cache,
+    )
+    return 2.0 * float(noise)
 
 
 def measure_draft(model: Model, *, reps: int = 5) -> float:
@@ -345,6 +339,20 @@ def _write_cache(path: Path, cache: dict[str, object]) -> None:
         pass
 
 
+def _cached(key: str, valid: Callable[[object], bool], measure: Callable[[], object], use_cache: bool) -> Any:
+    """One calibration measurement: from the on-disk cache when a valid value is there, else measured
+    now (and stored, unless use_cache is off)."""
+    path = _cache_file()
+    cache = _read_cache(path) if use_cache else {}
+    value = cache.get(key)
+    if not valid(value):
+        value = measure()
+        if use_cache:
+            cache[key] = value
+            _write_cache(path, cache)
+    return value
+
+
 def _key(model: object, extra: str) -> str:
     """Identity of a measurement: file (path, size, mtime), threads, offload, build, machine."""
     path = getattr(model, "path", None)
@@ -365,31 +373,27 @@ def calibrate(
     use_cache: bool = True,
 ) -> Costs:
     """Measured costs, from the on-disk cache when the same files/hardware were measured before."""
-    cache_path = _cache_file()
-    cache = _read_cache(cache_path) if use_cache else {}
-    tkey = "verify:" + _key(target, f"{backend}:{k_max}")
-    verify = cache.get(tkey)
-    if not (isinstance(verify, list) and len(verify) == k_max + 1):
-        verify = measure_verify(target, k_max + 1)
-        cache[tkey] = verify
-    ekey = "exact:" + _key(target, f"{backend}:{k_max}")
-    exact_n = cache.get(ekey)
-    if not isinstance(exact_n, int):
-        exact_n = exact_batch(target, k_max + 1)
-        cache[ekey] = exact_n
+    n = k_max + 1
+    verify = _cached(
+        "verify:" + _key(target, f"{backend}:{k_max}"),
+        lambda v: isinstance(v, list) and len(v) == n,
+        lambda: measure_verify(target, n),
+        use_cache,
+    )
+    exact_n = exact_rows(target, k_max=k_max, backend=backend, use_cache=use_cache)
     draft: list[float] = []
     for dm in draft_models:
         if dm is None:  # a model-free drafter: its cost is measured online and is ~0
             draft.append(0.0)
             continue
-        dkey = "draft:" + _key(dm, backend)
-        c = cache.get(dkey)
-        if not isinstance(c, float):
-            c = measure_draft(dm)
-            cache[dkey] = c
-        draft.append(c)
-    if use_cache:
-        _write_cache(cache_path, cache)
+        draft.append(
+            _cached(
+                "draft:" + _key(dm, backend),
+                lambda v: isinstance(v, float),
+                lambda dm=dm: measure_draft(dm),
+                use_cache,
+            )
+        )
     return Costs(verify=[float(x) for x in verify], draft=draft, exact_n=exact_n)
 
 
