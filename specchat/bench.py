@@ -757,6 +757,33 @@ def _prediction(
 
 
 @dataclass(frozen=True, slots=True)
+class RefCell:
+    """An external reference (llama.cpp's own speculative mode) on one prompt, measured in the same
+    interleaved run: median decode speed and its ratio to specchat's plain decoding."""
+
+    prompt: str
+    name: str
+    tokens_per_second: float
+    speedup: float | None
+    acceptance_rate: float
+    runs: tuple[float, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "prompt": self.prompt,
+            "name": self.name,
+            "tokens_per_second": round(self.tokens_per_second, 3),
+            "speedup": None if self.speedup is None else round(self.speedup, 4),
+            "acceptance_rate": round(self.acceptance_rate, 4),
+            "runs": [round(r, 3) for r in self.runs],
+        }
+
+
+#: an external reference run on one prompt -> (decode tok/s, acceptance rate)
+Reference = Callable[["PreparedPrompt"], tuple[float, float]]
+
+
+@dataclass(frozen=True, slots=True)
 class BenchResult:
     """Everything one `specchat bench` run measured, checked and predicted."""
 
@@ -773,6 +800,7 @@ class BenchResult:
     measurements: tuple[Measurement, ...] = field(repr=False)
     meta: dict[str, Any] = field(default_factory=dict)
     tolerance: float = TIE_TOLERANCE
+    references: tuple[RefCell, ...] = ()
 
     @property
     def audit_ok(self) -> bool:
@@ -825,6 +853,7 @@ class BenchResult:
                 "label": PREDICTION_LABEL,
                 "drafters": [p.to_dict() for p in self.predictions],
             },
+            "references": [r.to_dict() for r in self.references],
         }
 
 
@@ -846,11 +875,15 @@ def run_bench(
     meta: dict[str, Any] | None = None,
     tie_margin: float = 0.0,
     exact_rows: int = 0,
+    references: dict[str, Reference] | None = None,
 ) -> BenchResult:
     """Measure every configuration on every prompt, interleaved; audit; predict. Prints nothing.
 
     `progress(done, total, label)` is called before each step (generations, then audits).
+    `references` (name -> run on a prompt) are external programs measured in the same interleaved
+    order, right after specchat's configurations of each repeat.
     """
+    references = dict(references or {})
     if not prompts:
         raise BadInput("no prompts to benchmark")
     if not any(c.plain for c in configs):
@@ -860,7 +893,7 @@ def run_bench(
     make = planner_for or planner_factory(target, drafters)
     labels = drafter_labels([d.name for d in drafters])
     report = progress or (lambda _d, _t, _l: None)
-    n_gen = len(prompts) * len(configs) * repeats
+    n_gen = len(prompts) * (len(configs) + len(references)) * repeats
     total = (len(configs) if warmup else 0) + n_gen + (len(prompts) * 2 if audit else 0)
     done = 0
 
@@ -881,6 +914,7 @@ def run_bench(
             done += 1
 
     measurements: list[Measurement] = []
+    ref_runs: dict[tuple[str, str], list[tuple[float, float]]] = {}
     for prompt in prompts:
         for rep in range(repeats):
             shift = rep % len(configs)  # rotate, so no config always runs first (or right after another)
@@ -892,8 +926,13 @@ def run_bench(
                 )
                 measurements.append(Measurement(prompt.name, cfg.name, rep, out, stats))
                 done += 1
+            for name, ref in references.items():
+                report(done, total, f"{prompt.name} · {name} · run {rep + 1}/{repeats}")
+                ref_runs.setdefault((prompt.name, name), []).append(ref(prompt))
+                done += 1
 
     cells: list[Cell] = []
+    ref_cells: list[RefCell] = []
     for prompt in prompts:
         by_cfg = {
             c.name: [m for m in measurements if m.prompt == prompt.name and m.config == c.name]
@@ -916,6 +955,19 @@ def run_bench(
                 vs, best_name = (cell.tokens_per_second / best_speed if best_speed > 0 else None), best.name
             row[c.name] = replace(cell, speedup=speedup, vs_best_fixed=vs, best_fixed=best_name)
         cells += row.values()
+        for name in references:
+            runs = ref_runs[(prompt.name, name)]
+            tps = statistics.median(r[0] for r in runs)
+            ref_cells.append(
+                RefCell(
+                    prompt.name,
+                    name,
+                    tps,
+                    tps / base if base > 0 else None,
+                    runs[-1][1],
+                    tuple(r[0] for r in runs),
+                )
+            )
 
     audits: list[Audit] = []
     divergences: list[Divergence] = []
@@ -951,6 +1003,7 @@ def run_bench(
         predictions=predictions,
         measurements=tuple(measurements),
         meta=dict(meta or {}),
+        references=tuple(ref_cells),
     )
 
 

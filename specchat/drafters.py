@@ -121,13 +121,20 @@ MATCH_ROUTES: tuple[int, ...] = (2, 4, 8, 16)
 MATCH_HORIZON = 32
 
 
+#: Earlier occurrences of an n-gram kept as candidate copy sources (the most recent ones).
+CANDIDATES = 8
+
+
 class NgramDrafter:
-    """Model-free drafting by prompt lookup: find the most recent earlier occurrence of the context's
-    last n tokens (longest n first, up to `max_n`) and propose what followed it then.
+    """Model-free drafting by prompt lookup: find an earlier occurrence of the context's last n tokens
+    (longest n first, up to `max_n`) and propose what followed it then.
 
     Free to run, and right surprisingly often wherever the answer copies its input: code edits,
-    refactors, summaries, retrieval answers. An index from each n-gram to its latest end position is
-    extended incrementally, so a lookup costs O(max_n) regardless of context length.
+    refactors, whole-file rewrites, chat revisions, summaries. An index from each n-gram to its
+    latest end positions is extended incrementally, so a lookup costs O(max_n · CANDIDATES) whatever
+    the context length. Among the occurrences of the longest n-gram, the one whose preceding tokens
+    agree with the context furthest back wins (the most recent on a tie): in an edit the model's own
+    output repeats short phrases of the file, and the longest agreement is the place being copied.
 
     Each round's match is measured (how many tokens before it agree too, up to MATCH_HORIZON) and
     reported as its route, so the auto planner learns acceptance per match length: long matches in
@@ -145,7 +152,7 @@ class NgramDrafter:
         self.max_n = max_n
         self.min_n = min_n
         self._seen: list[int] = []
-        self._index: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in range(min_n, max_n + 1)}
+        self._index: dict[int, dict[tuple[int, ...], list[int]]] = {n: {} for n in range(min_n, max_n + 1)}
 
     def _sync(self, context: Sequence[int]) -> None:
         """Index every n-gram that ends before the context's last token."""
@@ -157,16 +164,21 @@ class NgramDrafter:
             seen.append(int(context[pos]))
             for n, index in self._index.items():
                 if pos + 1 >= n:
-                    index[tuple(seen[pos + 1 - n : pos + 1])] = pos + 1
+                    ends = index.setdefault(tuple(seen[pos + 1 - n : pos + 1]), [])
+                    ends.append(pos + 1)
+                    if len(ends) > CANDIDATES:
+                        del ends[0]
 
     def match(self, context: Sequence[int]) -> tuple[int | None, int]:
         """(where the continuation starts, how many tokens match) for the context's last tokens."""
         self._sync(context)
-        end, length = None, 0
         n_ctx = len(context)
         for n in range(min(self.max_n, n_ctx - 1), self.min_n - 1, -1):
-            end = self._index[n].get(tuple(context[n_ctx - n :]))
-            if end is not None:
+            ends = self._index[n].get(tuple(context[n_ctx - n :]))
+            if not ends:
+                continue
+            best, best_len = None, -1
+            for end in reversed(ends):  # most recent first: it wins ties
                 length = n
                 while (
                     length < MATCH_HORIZON
@@ -174,8 +186,10 @@ class NgramDrafter:
                     and context[end - length - 1] == context[n_ctx - length - 1]
                 ):
                     length += 1
-                break
-        return end, length
+                if length > best_len:
+                    best, best_len = end, length
+            return best, best_len
+        return None, 0
 
     def route(self, context: Sequence[int]) -> str | None:
         end, length = self.match(context)
@@ -187,11 +201,23 @@ class NgramDrafter:
     def propose(
         self, context: Sequence[int], k: int, params: SamplingParams, rng: np.random.Generator
     ) -> Proposal:
+        """Copy on from the match for up to k tokens, rolling past the end of the context.
+
+        When the copied span reaches the present (the text repeats something it wrote a moment
+        ago, e.g. a list of similar lines), the copy goes on through the drafted tokens themselves,
+        as llama.cpp's ngram-mod does by looking up its own drafts: a draft ends only at k, and the
+        planner picks k from how far such copies have been right on this route.
+        """
         start = time.perf_counter()
         end, _ = self.match(context)
         out = Proposal()
-        if end is not None:
-            out.tokens = [int(t) for t in context[end : end + k]]
+        if end is not None and k > 0:
+            n_ctx = len(context)
+            span = [int(t) for t in context[end : end + k]]
+            while len(span) < k:  # the source caught up with the present: continue from the drafts
+                src = end + len(span)
+                span.append(span[src - n_ctx] if src >= n_ctx else int(context[src]))
+            out.tokens = span
         out.seconds = time.perf_counter() - start
         return out
 

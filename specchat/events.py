@@ -69,6 +69,23 @@ class DrafterStats:
 
 
 @dataclass(frozen=True, slots=True)
+class RouteStats:
+    """One drafter on one route (its context class, e.g. an n-gram match of 16+ tokens): how the
+    planner's per-context choices worked out."""
+
+    drafter: str
+    route: str | None
+    rounds: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    rechecked: int = 0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+
+@dataclass(frozen=True, slots=True)
 class Stats:
     """Totals for one generation. Times are wall-clock seconds measured by the loop."""
 
@@ -86,6 +103,7 @@ class Stats:
     drafters: tuple[DrafterStats, ...] = field(default_factory=tuple)
     k_history: tuple[int, ...] = ()
     rechecked: int = 0  # near-tie positions re-evaluated one token alone (Settings.tie_margin)
+    routes: tuple[RouteStats, ...] = ()
 
     @property
     def tokens_per_second(self) -> float:
@@ -133,6 +151,18 @@ class Stats:
                     "seconds": round(d.seconds, 6),
                 }
                 for d in self.drafters
+            ],
+            "routes": [
+                {
+                    "drafter": r.drafter,
+                    "route": r.route,
+                    "rounds": r.rounds,
+                    "drafted": r.drafted,
+                    "accepted": r.accepted,
+                    "acceptance_rate": round(r.acceptance_rate, 4),
+                    "rechecked": r.rechecked,
+                }
+                for r in self.routes
             ],
         }
 

@@ -33,9 +33,7 @@ class LoadConfig:
     offline: bool | None = None
     force: bool = False
     verbose: bool = False
-    #: drafting is forced to a fixed -k N: the target loads without repacked weights, which keeps
-    #: verify batches of up to 7 rows exact on x86 (with them, 3), at ~5% of single-token speed that
-    #: auto mode, which drafts only within the exact batch size, does not need to pay
+    #: drafting is forced to a fixed -k N (kept for callers; the target loads the same either way)
     fixed_k: bool = False
 
 
@@ -80,9 +78,13 @@ def load(
             gpu_layers=cfg.gpu_layers,
             threads=cfg.threads,
             verbose=cfg.verbose,
-            # a verifying target keeps batched logits equal to one-token ones (see LoadOptions)
-            repack=not (cfg.drafts and cfg.fixed_k),
-            type_v=GGML_TYPE_BF16 if cfg.drafts and on_cpu else None,
+            # One target, one output: the target loads the same with or without drafters, so
+            # `--no-draft` and a speculative run give the same greedy text token for token. Repacked
+            # weights stay on (single-token decoding ~5% faster, and their GEMM makes batches of 4+
+            # rows cheap); V in bf16 on the CPU keeps one-token and batched attention alike past
+            # 512 cells (see LoadOptions). Batches beyond the bit-exact size use the tie margin.
+            repack=True,
+            type_v=GGML_TYPE_BF16 if on_cpu else None,
         ),
         name=cfg.target,
     )

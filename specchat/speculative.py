@@ -26,7 +26,7 @@ from typing import Protocol
 import numpy as np
 
 from .drafters import Drafter, Proposal
-from .events import Done, DrafterStats, Event, Notice, Round, Source, Stats, Token
+from .events import Done, DrafterStats, Event, Notice, Round, RouteStats, Source, Stats, Token
 from .model import Model, common_prefix_len, sync_cache
 from .sampling import SamplingParams, align, greedy, probs, sample, verify
 
@@ -96,6 +96,7 @@ class Tally:
     k_history: list[int] = field(default_factory=list)
     drafters: dict[str, DrafterStats] = field(default_factory=dict)
     rechecked: int = 0
+    routes: dict[tuple[str, str | None], RouteStats] = field(default_factory=dict)
 
     def add_round(self, rnd: Round) -> None:
         self.passes += 1
@@ -118,6 +119,16 @@ class Tally:
                 d.accepted + rnd.accepted,
                 d.seconds + rnd.draft_seconds,
             )
+            key = (rnd.drafter, rnd.route)
+            r = self.routes.get(key, RouteStats(*key))
+            self.routes[key] = RouteStats(
+                r.drafter,
+                r.route,
+                r.rounds + 1,
+                r.drafted + rnd.drafted,
+                r.accepted + rnd.accepted,
+                r.rechecked + rnd.recheck,
+            )
 
     def snapshot(self, stop_reason: str) -> Stats:
         return Stats(
@@ -135,6 +146,7 @@ class Tally:
             drafters=tuple(self.drafters.values()),
             k_history=tuple(self.k_history),
             rechecked=self.rechecked,
+            routes=tuple(self.routes.values()),
         )
 
 

@@ -34,12 +34,20 @@ from typing import Any
 
 import numpy as np
 
-from .events import Round
+from .events import Round, Stats
 from .model import Model
 
-K_MAX = 8
+K_MAX = 48  # drafts per round at most: long copies (whole-file rewrites) pay up to ~48 on a CPU
 DECAY = 0.97  # per observed round: ~33 rounds of memory
 EMA = 0.1  # weight of a new timing measurement
+#: verify batch sizes calibration measures; V(n) between them is interpolated (measuring all 49
+#: would take a minute on a 2-core CPU; the curve is smooth between kernel switches, which sit at
+#: small sizes: 2-4 rows on llama.cpp's CPU backend, where every size is measured)
+VERIFY_SIZES: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 24, 32, 49)
+#: prior for the share of verify rows that fall within the tie margin (re-checked one token alone)
+TIE_PRIOR = (1.0, 99.0)
+#: live rounds must have seen a batch size this often before their timing replaces calibration's
+SEEN_ENOUGH = 3
 
 
 @dataclass(slots=True)
@@ -50,6 +58,8 @@ class Costs:
     draft: list[float]
     #: largest verify batch whose logits are bit-identical to one-token decoding (0 = not measured)
     exact_n: int = 0
+    #: what calibration had to do (re-measure a noisy run, refresh a stale cache): for --verbose
+    notes: list[str] = field(default_factory=list)
 
     def v(self, n: int) -> float:
         if n <= len(self.verify):
@@ -100,11 +110,37 @@ def expected_tokens(rates: Sequence[float]) -> float:
     return total
 
 
-def best_k(rates: Sequence[float], v: list[float], draft_cost: float) -> tuple[int, float]:
-    """(k, tokens/second) maximising E(k)/(k·draft_cost + V(k+1)); k = 0 is plain decoding."""
+def round_value(rates: Sequence[float], tie: float) -> tuple[float, float]:
+    """(expected tokens, expected probability of a near-tie stop) for one round whose rows each fall
+    within the tie margin with probability `tie`.
+
+    Every row reached and not tied yields one token (an accepted draft, a correction or the bonus);
+    a tied row yields nothing and hands its position to a one-token round. So with β = 1 − tie the
+    round is a walk with acceptance β·α_i, and E = β · expected_tokens(β·α)."""
+    if tie <= 0.0:
+        return expected_tokens(rates), 0.0
+    beta = 1.0 - tie
+    reach, e, p_tie = 1.0, 0.0, 0.0
+    for r in [*rates, 0.0]:  # the last row (bonus) is reached like the others, then the walk ends
+        p_tie += reach * tie
+        e += reach * beta
+        reach *= beta * r
+    return e, p_tie
+
+
+def best_k(
+    rates: Sequence[float], v: list[float], draft_cost: float, *, tie: float = 0.0, exact_n: int = 0
+) -> tuple[int, float]:
+    """(k, tokens/second) maximising E(k)/(k·draft_cost + V(k+1)); k = 0 is plain decoding.
+
+    Batches beyond `exact_n` rows are not bit-identical to one-token decoding, so their rows decide
+    a token only outside the tie margin: E(k) then counts a row's chance `tie` of stopping the round,
+    and the cost counts the one-token round that re-checks it."""
     best, best_speed = 0, 1.0 / v[0]
     for k in range(1, len(rates) + 1):
-        speed = expected_tokens(rates[:k]) / (k * draft_cost + v[k])
+        t = tie if k + 1 > exact_n else 0.0
+        e, p_tie = round_value(rates[:k], t)
+        speed = (e + p_tie) / (k * draft_cost + v[k] + p_tie * v[0])
         if speed > best_speed:
             best, best_speed = k, speed
     return best, best_speed
@@ -117,6 +153,15 @@ class AutoPlanner:
     how long the n-gram match is), each route starting from its drafter's prior: that is the routing
     by context -- the same drafter is trusted with long drafts where it has been right and left idle
     where it has not, and among several drafters each round goes to the one whose route pays best.
+
+    Verify batches may exceed the bit-exact size (`Costs.exact_n`): their rows are then trusted only
+    outside the tie margin, and the learned share of rows that fall inside it (re-checked one token
+    alone) is priced into each choice. On llama.cpp's CPU backend this is what opens up the cheap
+    region: with repacked weights a batch of 4-8 rows runs another, much faster kernel than 2-3.
+
+    Live rounds refine the verify curve: a batch size seen SEEN_ENOUGH times uses its own measured
+    time, and sizes not seen yet follow calibration scaled by how far the live one-token time has
+    moved from it (a machine that got busier or quieter since calibration shifts the whole curve).
     """
 
     def __init__(
@@ -130,10 +175,12 @@ class AutoPlanner:
         learn_costs: bool = True,
     ) -> None:
         self.costs = costs
-        # keep verify batches where they are bit-identical to one-token decoding, when some are
-        self.k_max = min(k_max, costs.exact_n - 1) if costs.exact_n >= 2 else k_max
+        self.calibrated = list(costs.verify)
+        self.seen = [0] * len(costs.verify)
+        self.k_max = min(k_max, len(costs.verify) - 1) if len(costs.verify) > 1 else k_max
         self.priors = list(priors)
         self.acc: dict[tuple[int, str | None], _Acceptance] = {}
+        self.ties = list(TIE_PRIOR)  # decayed counts: [rows within the margin, rows outside it]
         self.rng = rng if rng is not None else np.random.default_rng(0)
         self.explore = explore
         self.learn_costs = learn_costs  # off under --seed: timing noise must not change the choices
@@ -147,13 +194,30 @@ class AutoPlanner:
             found = self.acc[key] = _Acceptance(*self.priors[drafter])
         return found
 
+    @property
+    def tie_rate(self) -> float:
+        return self.ties[0] / (self.ties[0] + self.ties[1])
+
     def _verify_curve(self, k_max: int) -> list[float]:
-        return [self.costs.v(n) for n in range(1, k_max + 2)]
+        scale = 1.0
+        if self.seen and self.seen[0] >= SEEN_ENOUGH and self.calibrated[0] > 0:
+            scale = self.costs.verify[0] / self.calibrated[0]
+        out = []
+        for n in range(1, k_max + 2):
+            if n <= len(self.seen) and self.seen[n - 1] >= SEEN_ENOUGH:
+                out.append(self.costs.verify[n - 1])
+            elif n <= len(self.calibrated):
+                out.append(self.calibrated[n - 1] * scale)
+            else:
+                out.append(self.costs.v(n) * scale)
+        return out
 
     def can_pay(self, drafter: int) -> bool:
         """Whether this drafter could beat plain decoding even if every draft were accepted."""
         v = self._verify_curve(self.k_max)
-        k, _ = best_k([1.0] * self.k_max, v, self.costs.draft[drafter])
+        k, _ = best_k(
+            [1.0] * self.k_max, v, self.costs.draft[drafter], tie=self.tie_rate, exact_n=self.costs.exact_n
+        )
         return k > 0
 
     def may_use(self, drafter: int) -> bool:
@@ -177,11 +241,12 @@ class AutoPlanner:
             return self.last_choice
         v = self._verify_curve(k_cap)
         best_speed = 1.0 / v[0]
+        tie = self.tie_rate
         for i, route in enumerate(routes):
             if route is None or not self.can_pay(i):
                 continue
             rates = self.acceptance(i, route).rates(k_cap, self.rng if self.explore else None)
-            k, speed = best_k(rates, v, self.costs.draft[i])
+            k, speed = best_k(rates, v, self.costs.draft[i], tie=tie, exact_n=self.costs.exact_n)
             if k > 0 and speed > best_speed:
                 self.last_choice, best_speed = (i, k), speed
         return self.last_choice
@@ -191,9 +256,17 @@ class AutoPlanner:
         n = proposed + 1  # the verify batch: a rejection early in it does not make it cheaper
         verify_s = rnd.seconds - rnd.draft_seconds
         if self.learn_costs and n <= len(self.costs.verify) and verify_s > 0:
-            self.costs.verify[n - 1] += EMA * (verify_s - self.costs.verify[n - 1])
+            # a running mean over the first rounds of a size, then an EMA that follows the machine
+            weight = max(EMA, 1.0 / (self.seen[n - 1] + 1))
+            if self.seen[n - 1] == 0:
+                self.costs.verify[n - 1] = verify_s
+            self.costs.verify[n - 1] += weight * (verify_s - self.costs.verify[n - 1])
+            self.seen[n - 1] += 1
         if drafter is None:
             return
+        if n > self.costs.exact_n:  # rows judged with the tie margin: how often it stopped the walk
+            within, outside = rnd.recheck, rnd.accepted + 1 - rnd.recheck
+            self.ties = [self.ties[0] * 0.995 + within, self.ties[1] * 0.995 + outside]
         self.acceptance(drafter, rnd.route).observe(rnd.drafted, rnd.accepted)
         if self.learn_costs and proposed > 0 and rnd.draft_seconds > 0:
             per = rnd.draft_seconds / proposed
@@ -203,37 +276,102 @@ class AutoPlanner:
 # --- calibration ------------------------------------------------------------------------------------
 
 
-def _median_time(fn, reps: int) -> float:  # type: ignore[no-untyped-def]
-    times = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
+#: worst median/min ratio minus one among a calibration's timings above which the machine is taken
+#: to be busy (quiet: 2-10%; another llama.cpp process on 2 cores: 30% to 10x)
+NOISY = 0.25
+#: a cached curve this much slower than a quick live re-measurement was taken on a busy machine
+STALE = 1.3
 
 
-def measure_verify(model: Model, n_max: int, *, reps: int = 3, filler: int = 16) -> list[float]:
-    """V(n) for n = 1..n_max: seconds to decode n tokens with logits for all n rows."""
+def _step_time(model: Model, toks: Sequence[int], start: int) -> float:
+    t = time.perf_counter()
+    model.decode(toks, list(range(len(toks))))
+    elapsed = time.perf_counter() - t
+    model.truncate(start)
+    return elapsed
+
+
+def _interpolate(points: dict[int, float], n_max: int) -> list[float]:
+    """V(1..n_max) from the measured sizes, linear in between (and flat past the last one)."""
+    sizes = sorted(points)
+    out = []
+    for n in range(1, n_max + 1):
+        lo = max((s for s in sizes if s <= n), default=sizes[0])
+        hi = min((s for s in sizes if s >= n), default=sizes[-1])
+        if lo == hi:
+            out.append(points[lo])
+        else:
+            f = (n - lo) / (hi - lo)
+            out.append(points[lo] + f * (points[hi] - points[lo]))
+    return out
+
+
+def time_verify(
+    model: Model, n_max: int, *, reps: int = 3, filler: int = 16, sizes: Sequence[int] = VERIFY_SIZES
+) -> tuple[list[float], float]:
+    """(V(1..n_max), spread): seconds to decode n tokens with logits for all n rows.
+
+    Sizes are measured in interleaved passes (ascending, then descending, ...) and each keeps its
+    fastest time: a burst of load hits one pass of one size rather than a whole stretch of the curve,
+    and the minimum is what the kernels cost on a quiet machine. `spread` (the worst median/min − 1)
+    says how disturbed the measurement was. No smoothing: a bigger batch really can cost less than a
+    smaller one where the backend switches to a faster kernel (llama.cpp's repacked CPU GEMM from 4
+    rows), and that dip is exactly what the planner must see."""
     base = list(model.tokens)
     probe = [t % model.n_vocab for t in range(100, 100 + filler + n_max)]
     if not base:
         model.decode(probe[:filler], [])
     start = len(model.tokens)
-    out = []
-    for n in range(1, n_max + 1):
-        toks = probe[filler : filler + n]
-
-        def step(toks: list[int] = toks) -> None:
-            model.decode(toks, list(range(len(toks))))
-            model.truncate(start)
-
-        step()  # warm-up: first use of a batch size allocates buffers
-        out.append(_median_time(step, reps))
+    points = sorted({n for n in sizes if n <= n_max} | {1, n_max})
+    times: dict[int, list[float]] = {n: [] for n in points}
+    for n in points:  # warm-up: the first use of a batch size allocates buffers
+        _step_time(model, probe[filler : filler + n], start)
+    for r in range(reps):
+        for n in points if r % 2 == 0 else reversed(points):
+            times[n].append(_step_time(model, probe[filler : filler + n], start))
     model.truncate(len(base))
-    # a longer batch never costs less than a shorter one; smooth out timer noise
-    for i in range(1, len(out)):
-        out[i] = max(out[i], out[i - 1])
-    return out
+    best = {n: max(min(ts), 1e-9) for n, ts in times.items()}
+    spread = max(statistics.median(ts) / best[n] - 1.0 for n, ts in times.items())
+    return _interpolate(best, n_max), spread
+
+
+def measure_verify(model: Model, n_max: int, *, reps: int = 3, filler: int = 16) -> list[float]:
+    """V(n) for n = 1..n_max (see time_verify)."""
+    return time_verify(model, n_max, reps=reps, filler=filler)[0]
+
+
+def measure_verify_quietly(
+    model: Model, n_max: int, notes: list[str], attempts: int = 3
+) -> tuple[list[float], bool]:
+    """(curve, trustworthy): measure again while the timings say the machine is busy.
+
+    A curve measured under load would be cached and would keep auto mode from drafting on a quiet
+    machine later; so a disturbed one is re-measured, and one that stays disturbed is used for this
+    run only (not cached)."""
+    best: tuple[list[float], float] | None = None
+    for attempt in range(attempts):
+        curve, spread = time_verify(model, n_max)
+        if spread <= NOISY:
+            return curve, True
+        notes.append(
+            f"calibration: verify timings disturbed (spread {spread:.0%}, attempt {attempt + 1}/{attempts}); "
+            "is something else running?"
+        )
+        if best is None or spread < best[1]:
+            best = (curve, spread)
+    assert best is not None
+    notes.append("calibration: the machine stayed busy; using the least disturbed curve for this run only")
+    return best[0], False
+
+
+def cached_curve_is_stale(model: Model, cached: Sequence[float]) -> bool:
+    """Whether a cached verify curve was measured on a busier machine than this one is now: a quick
+    live V(1) and V(4) (fastest of 3) run well below it. (The other way round -- the machine busy now
+    -- is left to the live rounds, which rescale the curve as they go.)"""
+    sizes = [n for n in (1, 4) if n <= len(cached)]
+    live, _ = time_verify(model, max(sizes), reps=3, sizes=sizes)
+    # (a millisecond floor: timer noise on sub-millisecond decodes says nothing about load)
+    return any(cached[n - 1] > STALE * live[n - 1] and cached[n - 1] - live[n - 1] > 1e-3 for n in sizes)
 
 
 def exact_batch(model: Model, n_max: int, *, filler: int = 16) -> int:
@@ -260,14 +398,19 @@ def exact_batch(model: Model, n_max: int, *, filler: int = 16) -> int:
     return exact
 
 
-def batch_noise(model: Model, *, contexts: Sequence[int] = (300, 600), n: int = 4) -> float:
-    """Largest |batched − one-token| logit difference, over verify batches of n rows after contexts of
-    the given lengths. Zero where the backend is bit-exact; on llama.cpp's multi-threaded CPU backend
-    it is not once the KV cache reaches 512 cells (its flash attention splits the KV across threads
-    for a single query row only), and GPUs use other kernels for batches than for one row.
+def batch_noise(
+    model: Model, *, contexts: Sequence[int] = (300, 600), sizes: Sequence[int] = (4, 16)
+) -> float:
+    """Largest |batched − one-token| logit difference, over verify batches of the given sizes after
+    contexts of the given lengths. Zero where the backend is bit-exact; on llama.cpp's CPU backend it
+    is not from 4 rows with repacked weights (another GEMM kernel), nor once the KV cache reaches 512
+    cells (its flash attention splits the KV across threads for a single query row only), and GPUs
+    use other kernels for batches than for one row. Both a small and a long batch are measured, as
+    auto mode verifies long copies in batches of up to 49 rows.
 
     Leaves the cache empty: call it right after loading."""
     model.truncate(0)
+    n = max(sizes)
     lengths = sorted({max(1, min(c, model.n_ctx - n - 1)) for c in contexts})
     probe = [(i * 7919) % max(1, model.n_vocab - 16) + 8 for i in range(lengths[-1] + n)]
     worst = 0.0
@@ -276,19 +419,24 @@ def batch_noise(model: Model, *, contexts: Sequence[int] = (300, 600), n: int = 
         nxt = probe[length : length + n]
         singles = np.stack([np.array(model.decode([t], [0])[0], copy=True) for t in nxt])
         model.truncate(length)
-        rows = np.array(model.decode(nxt, list(range(n))), copy=True)
-        model.truncate(length)
-        worst = max(worst, float(np.abs(rows - singles).max()))
+        for size in sizes:
+            rows = np.array(model.decode(nxt[:size], list(range(size))), copy=True)
+            model.truncate(length)
+            worst = max(worst, float(np.abs(rows - singles[:size]).max()))
     model.truncate(0)
     return worst
+
+
+#: exactness is probed up to this batch size; a backend exact that far is taken as exact beyond it
+EXACT_PROBE = 16
 
 
 def exact_rows(target: Model, *, k_max: int = K_MAX, backend: str = "", use_cache: bool = True) -> int:
     """`exact_batch` for this target, from the calibration cache when measured before."""
     return _cached(  # type: ignore[no-any-return]
-        "exact:" + _key(target, f"{backend}:{k_max}"),
+        "exact:" + _key(target, f"{backend}:{min(k_max + 1, EXACT_PROBE)}"),
         lambda v: isinstance(v, int),
-        lambda: exact_batch(target, k_max + 1),
+        lambda: exact_batch(target, min(k_max + 1, EXACT_PROBE)),
         use_cache,
     )
 
@@ -298,7 +446,7 @@ def tie_margin(target: Model, *, backend: str = "", use_cache: bool = True) -> f
     cannot overturn. Each logit moves by at most the measured noise, so a gap moves by at most twice
     that. Measured once per model file and machine, like the costs."""
     noise = _cached(
-        "noise:" + _key(target, backend),
+        "noise2:" + _key(target, backend),
         lambda v: isinstance(v, float),
         lambda: batch_noise(target),
         use_cache,
@@ -374,12 +522,21 @@ def calibrate(
 ) -> Costs:
     """Measured costs, from the on-disk cache when the same files/hardware were measured before."""
     n = k_max + 1
-    verify = _cached(
-        "verify:" + _key(target, f"{backend}:{k_max}"),
-        lambda v: isinstance(v, list) and len(v) == n,
-        lambda: measure_verify(target, n),
-        use_cache,
-    )
+    notes: list[str] = []
+    key = "verify:" + _key(target, f"{backend}:{k_max}")
+    path = _cache_file()
+    cache = _read_cache(path) if use_cache else {}
+    verify = cache.get(key)
+    if isinstance(verify, list) and len(verify) == n and cached_curve_is_stale(target, verify):
+        notes.append(
+            "calibration: the cached verify costs were measured on a busier machine; measuring again"
+        )
+        verify = None
+    if not (isinstance(verify, list) and len(verify) == n):
+        verify, trustworthy = measure_verify_quietly(target, n, notes)
+        if use_cache and trustworthy:
+            cache[key] = verify
+            _write_cache(path, cache)
     exact_n = exact_rows(target, k_max=k_max, backend=backend, use_cache=use_cache)
     draft: list[float] = []
     for dm in draft_models:
@@ -394,7 +551,7 @@ def calibrate(
                 use_cache,
             )
         )
-    return Costs(verify=[float(x) for x in verify], draft=draft, exact_n=exact_n)
+    return Costs(verify=[float(x) for x in verify], draft=draft, exact_n=exact_n, notes=notes)
 
 
 def make_planner(loaded: object, k: int | None, *, seed: int | None = None):  # type: ignore[no-untyped-def]
@@ -414,3 +571,22 @@ def make_planner(loaded: object, k: int | None, *, seed: int | None = None):  # 
     costs = calibrate(loaded.target, models, backend=str(backend_info().get("system_info", "")))  # type: ignore[attr-defined]
     priors = [(3.0, 2.0) if m is not None else (1.0, 1.0) for m in models]
     return AutoPlanner(costs, priors, rng=np.random.default_rng(seed), learn_costs=seed is None)
+
+
+#: a draft model accepted less often than this is a poor match for its target
+LOW_ACCEPTANCE = 0.4
+
+
+def acceptance_advice(
+    stats: Stats, model_drafters: Sequence[str], target: str, *, min_drafted: int = 24
+) -> str | None:
+    """One line for the user when a draft model's acceptance stays low: a draft of another family
+    or generation agrees with the target too rarely to ever pay, and a same-family one usually
+    does far better (llama.cpp's users see the same: acceptance, not draft speed, decides)."""
+    for d in stats.drafters:
+        if d.name in model_drafters and d.drafted >= min_drafted and d.acceptance_rate < LOW_ACCEPTANCE:
+            return (
+                f"the draft {d.name} agreed with the target on only {d.acceptance_rate:.0%} of its tokens; "
+                f"a same-family draft usually does much better: specchat models --drafts-for {target}"
+            )
+    return None

@@ -534,3 +534,24 @@ def test_help_documents_the_tie_tolerance():
     res = runner.invoke(app, ["bench", "--help"])
     assert res.exit_code == 0
     assert str(TIE_TOLERANCE) in res.stdout
+
+
+def test_external_references_run_interleaved_and_are_reported_as_ratios_to_plain(clock):
+    """`specchat bench --llama-cpp DIR`: llama.cpp's own modes measured in the same run, per prompt."""
+    target, drafters = flat_gpu_pair(clock)
+    configs = default_configs([d.name for d in drafters], ks=(1,))
+    order: list[str] = []
+
+    def ref(prompt: PreparedPrompt) -> tuple[float, float]:
+        order.append(prompt.name)
+        return 2.0, 0.9
+
+    res = run_bench(target, drafters, prompts(), configs, max_tokens=10, repeats=2, audit=False,
+                    references={"llama.cpp ngram-mod": ref})  # fmt: skip
+    assert order == ["p0", "p0", "p1", "p1"]  # once per prompt and repeat, inside the interleaved loop
+    names = {(r.prompt, r.name) for r in res.references}
+    assert names == {("p0", "llama.cpp ngram-mod"), ("p1", "llama.cpp ngram-mod")}
+    for r in res.references:
+        plain = res.cell(r.prompt, "plain").tokens_per_second
+        assert r.tokens_per_second == 2.0 and r.speedup == pytest.approx(2.0 / plain) and r.runs == (2.0, 2.0)
+    assert res.to_dict()["references"][0]["name"] == "llama.cpp ngram-mod"

@@ -44,10 +44,32 @@ def test_property_proposal_is_a_real_earlier_continuation(ctx, k):
     tokens = d.propose(ctx, k, G, RNG).tokens
     assert len(tokens) <= k
     if tokens:
-        # the proposal must appear in the context right after an occurrence of its last token
+        # the proposal copies on from right after an earlier occurrence of the context's last tokens;
+        # a copy that reaches the present rolls on through its own drafts (ctx + tokens)
         n = len(ctx)
-        found = any(ctx[end : end + len(tokens)] == tokens and ctx[end - 1] == ctx[-1] for end in range(1, n))
+        ext = [*ctx, *tokens]
+        found = any(ext[end : end + len(tokens)] == tokens and ctx[end - 1] == ctx[-1] for end in range(1, n))
         assert found
+        assert len(tokens) == k  # once matched, a copy ends only at k
+
+
+def test_a_copy_that_reaches_the_present_rolls_on_through_its_drafts():
+    """A repeating pattern (a list of similar lines) drafts as far as asked, like llama.cpp's ngram-mod,
+    instead of stopping where the latest occurrence's continuation meets the end of the context."""
+    d = NgramDrafter()
+    ctx = [1, 2, 3, 1, 2, 3, 1, 2]
+    assert d.propose(ctx, 7, G, RNG).tokens == [3, 1, 2, 3, 1, 2, 3]
+
+
+def test_the_occurrence_agreeing_furthest_back_is_copied():
+    """In an edit the model's own output repeats short phrases of the file; the occurrence whose
+    preceding tokens agree longest (the line being copied) wins over the most recent one."""
+    d = NgramDrafter(max_n=2)
+    source = [10, 11, 12, 5, 6, 40, 41]  # the file: ... 10 11 12 [5 6] 40 41
+    output = [90, 5, 6, 70, 71, 10, 11, 12, 5, 6]  # output used [5 6] once before, now copies the file
+    end, length = d.match([*source, *output])
+    assert end == 5 and length == 5
+    assert d.propose([*source, *output], 2, G, RNG).tokens == [40, 41]
 
 
 def test_loop_with_ngram_is_exact_and_labelled():
@@ -95,3 +117,21 @@ def test_property_match_length_is_real(ctx):
     assert length >= 2 and end - length >= 0
     assert ctx[end - length : end] == ctx[n - length :]
     assert end <= n - 1
+
+
+def test_stats_keep_per_route_figures():
+    vocab = 6
+    table = np.full((997, vocab), -5.0, dtype=np.float32)
+    target = FakeModel(n_vocab=vocab, table=table, order=1)
+    for t in range(vocab):
+        target.table[hash((t,)) % 997][(t + 1) % vocab] = 5.0
+    events = list(
+        generate(target, [0, 1, 2, 3, 4, 5, 0], drafters=[NgramDrafter()], planner=FixedK(4),
+                 settings=Settings(max_tokens=30))
+    )  # fmt: skip
+    stats = events[-1].stats
+    assert stats.routes and all(r.drafter == "ngram" for r in stats.routes)
+    assert sum(r.drafted for r in stats.routes) == stats.drafted
+    assert sum(r.accepted for r in stats.routes) == stats.accepted
+    doc = stats.to_dict()["routes"]
+    assert {r["route"] for r in doc} == {r.route for r in stats.routes}

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import itertools
+import json
+import time
 
 import numpy as np
 import pytest
@@ -131,9 +133,62 @@ def test_calibration_is_cached(tmp_path, monkeypatch):
     assert len(c1.verify) == 5 and c1.draft[1] == 0.0
     calls = len(t.decode_calls), len(d.decode_calls)
     c2 = calibrate(t, [d, None], k_max=4)
-    assert (len(t.decode_calls), len(d.decode_calls)) == calls  # nothing re-measured
+    # only the quick live check of the cached curve ran (a filler, then V(1) and V(4): warm-up + 3 each)
+    assert len(t.decode_calls) - calls[0] <= 9 and len(d.decode_calls) == calls[1]
     assert c2.verify == c1.verify
     assert (tmp_path / "calibration.json").exists()
+
+
+def test_a_cached_curve_measured_on_a_busy_machine_is_measured_again(tmp_path, monkeypatch):
+    """Issue 11: V(2..9) cached at 3-4x their idle cost kept auto from drafting until the file was
+    deleted. A quick live V(1)/V(4) that runs well below the cached curve re-measures it."""
+    from specchat import tuning
+
+    monkeypatch.setenv("SPECCHAT_HOME", str(tmp_path))
+    t = FakeModel(n_vocab=32)
+    calibrate(t, [None], k_max=4)
+    cache = json.loads((tmp_path / "calibration.json").read_text())
+    key = next(k for k in cache if k.startswith("verify:"))
+    cache[key] = [1.0] * 5  # seconds: far slower than the fake model's microseconds
+    (tmp_path / "calibration.json").write_text(json.dumps(cache))
+    costs = calibrate(t, [None], k_max=4)
+    assert costs.verify[0] < 0.1 and any("busier machine" in n for n in costs.notes)
+    assert json.loads((tmp_path / "calibration.json").read_text())[key][0] < 0.1
+    assert tuning.cached_curve_is_stale(t, costs.verify) is False
+
+
+def test_a_disturbed_calibration_is_repeated_and_never_cached(tmp_path, monkeypatch):
+    from specchat import tuning
+
+    monkeypatch.setenv("SPECCHAT_HOME", str(tmp_path))
+    spreads = iter([0.9, 0.6, 0.7])
+    monkeypatch.setattr(
+        tuning, "time_verify", lambda model, n, **kw: ([0.01 * (i + 1) for i in range(n)], next(spreads))
+    )
+    costs = calibrate(FakeModel(n_vocab=32), [None], k_max=4)
+    assert costs.verify[0] == 0.01
+    assert sum("timings disturbed" in n for n in costs.notes) == 3 and "this run only" in costs.notes[-1]
+    cache = json.loads((tmp_path / "calibration.json").read_text())
+    assert not any(k.startswith("verify:") for k in cache)  # the next run measures again
+    quiet = iter([0.8, 0.05])
+    monkeypatch.setattr(tuning, "time_verify", lambda model, n, **kw: ([0.02] * n, next(quiet)))
+    assert calibrate(FakeModel(n_vocab=32), [None], k_max=4).verify == [0.02] * 5
+
+
+def test_time_verify_keeps_a_kernel_dip_and_interpolates_between_sizes():
+    """With repacked weights llama.cpp's CPU GEMM makes a batch of 4 cheaper than a batch of 3; a
+    monotone smoothing would hide exactly the region where long drafts pay."""
+    from specchat import tuning
+
+    class Dip(FakeModel):
+        def decode(self, tokens, logits_rows):
+            time.sleep({1: 0.002, 2: 0.004, 3: 0.006}.get(len(tokens), 0.003 + 0.0001 * len(tokens)))
+            return super().decode(tokens, logits_rows)
+
+    v, _spread = tuning.time_verify(Dip(n_vocab=16), 20, reps=2, sizes=(1, 2, 3, 4, 8, 16, 20))
+    assert len(v) == 20
+    assert v[3] < v[2]  # V(4) < V(3), as measured
+    assert v[7] <= v[11] <= v[15]  # V(12) interpolated between V(8) and V(16)
 
 
 class BatchSensitiveModel(FakeModel):
@@ -158,13 +213,50 @@ def test_exact_batch_finds_the_kernel_switch():
     assert list(m.tokens) == [1, 2]
 
 
-def test_planner_keeps_verify_batches_exact():
-    costs = Costs([0.01] * 9, [0.0], exact_n=3)
+# the issue-11 machine's llama-bench curve for the target (pp-n t/s: 10.5, 15.7, 17.5, 30.4, ..., 35.4)
+PP_TPS = [10.5, 15.7, 17.5, 30.4, 30.8, 31.1, 33.0, 35.4, 35.6]
+REPACK_V = [n / tps for n, tps in enumerate(PP_TPS, start=1)]
+
+
+def test_planner_verifies_beyond_the_exact_batch_where_the_cheap_kernel_pays():
+    """Auto mode used to cap batches at the bit-exact size (3 rows): the cheap repacked region (4+)
+    was thrown away. With the tie margin pricing the re-checks, long copies get long drafts."""
+    costs = Costs(list(REPACK_V), [0.0], exact_n=3)
     planner = AutoPlanner(costs, [(50.0, 1.0)], rng=np.random.default_rng(0))
-    assert planner.k_max == 2
-    assert all(k <= 2 for _, k in simulate(planner, [0.99], 30))
-    # no exact batch at all (typical GPU): no cap, float-level differences are accepted
-    assert AutoPlanner(Costs([0.01] * 9, [0.0], exact_n=1), [(1.0, 1.0)]).k_max == 8
+    ks = [k for _, k in simulate(planner, [0.97], 60)]
+    assert np.mean(ks[20:]) >= 4
+
+
+def test_tie_risk_is_priced_into_batches_beyond_the_exact_size():
+    rates = [0.95] * 8
+    k_free, _ = best_k(rates, REPACK_V, 0.0, tie=0.0, exact_n=3)
+    k_ties, _ = best_k(rates, REPACK_V, 0.0, tie=0.5, exact_n=3)
+    assert k_free >= 3
+    assert k_ties <= 2  # half the rows re-checked: only the exact batch pays
+    # within the exact batch ties cost nothing: same choice either way
+    assert best_k(rates[:2], REPACK_V, 0.0, tie=0.5, exact_n=3)[0] == best_k(rates[:2], REPACK_V, 0.0)[0]
+
+
+def test_tie_rate_is_learned_from_rechecked_rounds():
+    planner = AutoPlanner(Costs(list(REPACK_V), [0.0], exact_n=3), [(50.0, 1.0)])
+    before = planner.tie_rate
+    for _ in range(50):
+        planner.observe(Round("ngram", 6, 2, 2, 2, REPACK_V[6], recheck=True, route="r", proposed=6), 0)
+    assert planner.tie_rate > 5 * before
+
+
+def test_live_rounds_rescale_the_sizes_they_have_not_run():
+    """A curve calibrated on a quieter machine: once the live one-token time is known, unseen batch
+    sizes follow it, and a size seen often enough uses its own measurement."""
+    planner = AutoPlanner(Costs(list(CPU_V), [0.0]), [(1.0, 1.0)])
+    for _ in range(5):
+        planner.observe(Round(None, 0, 0, 0, 1, 2 * CPU_V[0]), None)
+    curve = planner._verify_curve(8)
+    assert curve[0] == pytest.approx(2 * CPU_V[0])
+    assert curve[4] == pytest.approx(2 * CPU_V[4])
+    for _ in range(5):
+        planner.observe(Round("ngram", 4, 4, 4, 5, 0.5, route="r", proposed=4), 0)
+    assert planner._verify_curve(8)[4] == pytest.approx(0.5)
 
 
 def test_explain_says_why_auto_never_drafts():
@@ -172,3 +264,18 @@ def test_explain_says_why_auto_never_drafts():
     assert "cannot beat plain decoding" in (cpu.explain(["draft"]) or "")
     gpu = AutoPlanner(Costs(list(GPU_V), [0.1 * GPU_V[0]]), [(3.0, 2.0)])
     assert gpu.explain(["draft"]) is None
+
+
+def test_low_draft_acceptance_suggests_a_same_family_draft():
+    from specchat.events import DrafterStats, Stats
+    from specchat.tuning import acceptance_advice
+
+    def stats(drafted: int, accepted: int, name: str = "smol.gguf") -> Stats:
+        per = (DrafterStats(name, 9, drafted, accepted),)
+        return Stats(0, 0, 0, 0.0, 1.0, drafted, accepted, 1, "eog", drafters=per)
+
+    line = acceptance_advice(stats(100, 30), ["smol.gguf"], "qwen2.5-coder-1.5b")
+    assert line is not None and "30%" in line and "specchat models --drafts-for qwen2.5-coder-1.5b" in line
+    assert acceptance_advice(stats(100, 70), ["smol.gguf"], "t") is None  # a good draft: nothing to say
+    assert acceptance_advice(stats(10, 0), ["smol.gguf"], "t") is None  # too few drafts to judge
+    assert acceptance_advice(stats(100, 10, "ngram"), ["smol.gguf"], "t") is None  # n-gram: not a model
