@@ -26,6 +26,8 @@ class Proposal:
     tokens: list[int] = field(default_factory=list)
     q: list[np.ndarray] | None = None
     seconds: float = 0.0
+    #: part of `seconds` spent catching the drafter's cache up with the context (see Drafter.lag)
+    catch_up_seconds: float = 0.0
 
 
 class Drafter(Protocol):
@@ -43,6 +45,12 @@ class Drafter(Protocol):
         self, context: Sequence[int], k: int, params: SamplingParams, rng: np.random.Generator
     ) -> Proposal:
         """Up to k tokens likely to follow `context` (the committed tokens, last one included)."""
+        ...
+
+    def lag(self, context: Sequence[int]) -> int:
+        """Context tokens this drafter must process before it can propose. A draft model left idle
+        while other drafters worked must catch up on every token committed since (dozens after a
+        long copy): the planner counts that cost before choosing it. 0 for model-free drafters."""
         ...
 
     def prepare(self, context: Sequence[int]) -> None:
@@ -85,6 +93,7 @@ class ModelDrafter:
         if k <= 0:
             return out
         logits = sync_cache(self.model, context, logits_row_last=True)
+        out.catch_up_seconds = time.perf_counter() - start
         for i in range(k):
             assert logits is not None
             if params.greedy:
@@ -103,6 +112,9 @@ class ModelDrafter:
             logits = self.model.decode([tok], [0])[0]
         out.seconds = time.perf_counter() - start
         return out
+
+    def lag(self, context: Sequence[int]) -> int:
+        return len(context) - common_prefix_len(self.model.tokens, context)
 
     def prepare(self, context: Sequence[int]) -> None:
         sync_cache(self.model, context, logits_row_last=False)
@@ -220,6 +232,9 @@ class NgramDrafter:
             out.tokens = span
         out.seconds = time.perf_counter() - start
         return out
+
+    def lag(self, context: Sequence[int]) -> int:
+        return 0
 
     def prepare(self, context: Sequence[int]) -> None:
         self._sync(context)

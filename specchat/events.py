@@ -46,6 +46,7 @@ class Round:
     recheck: bool = False  # stopped at a near-tie, which the next round evaluates one token alone
     route: str | None = None  # the drafter's context class this round (Drafter.route)
     proposed: int | None = None  # draft tokens in the verify batch (None: `drafted`); batch = this + 1
+    catch_up_seconds: float = 0.0  # part of draft_seconds spent catching the draft's cache up
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,7 +37,11 @@ class Planner(Protocol):
     `routes[i]` is drafter i's `route()` for this round: the kind of context it is in, or None when it
     has nothing to propose (so it must not be chosen)."""
 
-    def plan(self, max_k: int, routes: Sequence[str | None]) -> tuple[int | None, int]: ...
+    def plan(
+        self, max_k: int, routes: Sequence[str | None], lags: Sequence[int] = ()
+    ) -> tuple[int | None, int]:
+        """`lags[i]`: context tokens drafter i must catch up on first (Drafter.lag)."""
+        ...
 
     def observe(self, rnd: Round, drafter: int | None) -> None: ...
 
@@ -53,7 +57,9 @@ class FixedK:
 
     k: int
 
-    def plan(self, max_k: int, routes: Sequence[str | None]) -> tuple[int | None, int]:
+    def plan(
+        self, max_k: int, routes: Sequence[str | None], lags: Sequence[int] = ()
+    ) -> tuple[int | None, int]:
         k = min(self.k, max_k)
         return (0, k) if k > 0 and routes and routes[0] is not None else (None, 0)
 
@@ -217,7 +223,8 @@ def generate(
                 break
             max_k = min(remaining - 1, room - 1)
             routes = [d.route(committed) for d in drafters] if drafters and not recheck else []
-            which, k = planner.plan(max_k, routes) if routes else (None, 0)
+            lags = [d.lag(committed) for d in drafters] if routes else []
+            which, k = planner.plan(max_k, routes, lags) if routes else (None, 0)
             drafter = drafters[which] if which is not None and k > 0 else None
             proposal = drafter.propose(committed, k, params, rng) if drafter is not None else Proposal()
             del proposal.tokens[max_k:]
@@ -258,6 +265,7 @@ def generate(
                 recheck=recheck,
                 route=routes[which] if drafter is not None and which is not None else None,
                 proposed=n_draft,
+                catch_up_seconds=proposal.catch_up_seconds,
             )
             tally.decode_seconds = now - t_decode
             tally.add_round(rnd)
@@ -333,6 +341,12 @@ def _verify(
 
 
 def top_gap(logits: np.ndarray) -> float:
-    """Logit gap between the best and second-best token: how close this greedy choice is to a tie."""
-    top2 = np.partition(logits, -2)[-2:]
-    return float(top2[1] - top2[0])
+    """Logit gap between the best and second-best token: how close this greedy choice is to a tie.
+    (Two max passes around the argmax: ~6x faster than np.partition on a 152k vocabulary, which
+    matters when every row of a 16-49 row verify batch is checked.)"""
+    i = int(np.argmax(logits))
+    if logits.shape[0] < 2:
+        return float("inf")
+    left = logits[:i].max() if i > 0 else -np.inf
+    right = logits[i + 1 :].max() if i + 1 < logits.shape[0] else -np.inf
+    return float(logits[i] - max(left, right))

@@ -46,6 +46,8 @@ EMA = 0.1  # weight of a new timing measurement
 VERIFY_SIZES: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 24, 32, 49)
 #: prior for the share of verify rows that fall within the tie margin (re-checked one token alone)
 TIE_PRIOR = (1.0, 99.0)
+#: batch size whose per-token cost prices a draft model's catching up (Drafter.lag)
+CATCH_UP_BATCH = 16
 #: live rounds must have seen a batch size this often before their timing replaces calibration's
 SEEN_ENOUGH = 3
 
@@ -60,6 +62,8 @@ class Costs:
     exact_n: int = 0
     #: what calibration had to do (re-measure a noisy run, refresh a stale cache): for --verbose
     notes: list[str] = field(default_factory=list)
+    #: per drafter, seconds per token of catching its cache up in one batch (0: nothing to catch up)
+    catch_up: list[float] = field(default_factory=list)
 
     def v(self, n: int) -> float:
         if n <= len(self.verify):
@@ -129,18 +133,25 @@ def round_value(rates: Sequence[float], tie: float) -> tuple[float, float]:
 
 
 def best_k(
-    rates: Sequence[float], v: list[float], draft_cost: float, *, tie: float = 0.0, exact_n: int = 0
+    rates: Sequence[float],
+    v: list[float],
+    draft_cost: float,
+    *,
+    tie: float = 0.0,
+    exact_n: int = 0,
+    overhead: float = 0.0,
 ) -> tuple[int, float]:
     """(k, tokens/second) maximising E(k)/(k·draft_cost + V(k+1)); k = 0 is plain decoding.
 
     Batches beyond `exact_n` rows are not bit-identical to one-token decoding, so their rows decide
     a token only outside the tie margin: E(k) then counts a row's chance `tie` of stopping the round,
-    and the cost counts the one-token round that re-checks it."""
+    and the cost counts the one-token round that re-checks it. `overhead` is a fixed cost of drafting
+    at all this round (a draft model catching up on the tokens other drafters committed)."""
     best, best_speed = 0, 1.0 / v[0]
     for k in range(1, len(rates) + 1):
         t = tie if k + 1 > exact_n else 0.0
         e, p_tie = round_value(rates[:k], t)
-        speed = (e + p_tie) / (k * draft_cost + v[k] + p_tie * v[0])
+        speed = (e + p_tie) / (overhead + k * draft_cost + v[k] + p_tie * v[0])
         if speed > best_speed:
             best, best_speed = k, speed
     return best, best_speed
@@ -234,7 +245,9 @@ class AutoPlanner:
             "-k N forces drafting"
         )
 
-    def plan(self, max_k: int, routes: Sequence[str | None]) -> tuple[int | None, int]:
+    def plan(
+        self, max_k: int, routes: Sequence[str | None], lags: Sequence[int] = ()
+    ) -> tuple[int | None, int]:
         k_cap = min(self.k_max, max_k)
         self.last_choice = (None, 0)
         if k_cap <= 0:
@@ -246,7 +259,11 @@ class AutoPlanner:
             if route is None or not self.can_pay(i):
                 continue
             rates = self.acceptance(i, route).rates(k_cap, self.rng if self.explore else None)
-            k, speed = best_k(rates, v, self.costs.draft[i], tie=tie, exact_n=self.costs.exact_n)
+            lag = lags[i] if i < len(lags) else 0
+            catch = self.costs.catch_up[i] if i < len(self.costs.catch_up) else 0.0
+            k, speed = best_k(
+                rates, v, self.costs.draft[i], tie=tie, exact_n=self.costs.exact_n, overhead=lag * catch
+            )
             if k > 0 and speed > best_speed:
                 self.last_choice, best_speed = (i, k), speed
         return self.last_choice
@@ -268,8 +285,9 @@ class AutoPlanner:
             within, outside = rnd.recheck, rnd.accepted + 1 - rnd.recheck
             self.ties = [self.ties[0] * 0.995 + within, self.ties[1] * 0.995 + outside]
         self.acceptance(drafter, rnd.route).observe(rnd.drafted, rnd.accepted)
-        if self.learn_costs and proposed > 0 and rnd.draft_seconds > 0:
-            per = rnd.draft_seconds / proposed
+        drafting = rnd.draft_seconds - rnd.catch_up_seconds  # catching up is priced separately
+        if self.learn_costs and proposed > 0 and drafting > 0:
+            per = drafting / proposed
             self.costs.draft[drafter] += EMA * (per - self.costs.draft[drafter])
 
 
@@ -539,9 +557,11 @@ def calibrate(
             _write_cache(path, cache)
     exact_n = exact_rows(target, k_max=k_max, backend=backend, use_cache=use_cache)
     draft: list[float] = []
+    catch_up: list[float] = []
     for dm in draft_models:
         if dm is None:  # a model-free drafter: its cost is measured online and is ~0
             draft.append(0.0)
+            catch_up.append(0.0)
             continue
         draft.append(
             _cached(
@@ -551,7 +571,17 @@ def calibrate(
                 use_cache,
             )
         )
-    return Costs(verify=[float(x) for x in verify], draft=draft, exact_n=exact_n, notes=notes)
+        catch_up.append(
+            _cached(
+                "catchup:" + _key(dm, backend),
+                lambda v: isinstance(v, float),
+                lambda dm=dm: measure_verify(dm, CATCH_UP_BATCH, reps=2)[-1] / CATCH_UP_BATCH,
+                use_cache,
+            )
+        )
+    return Costs(
+        verify=[float(x) for x in verify], draft=draft, exact_n=exact_n, notes=notes, catch_up=catch_up
+    )
 
 
 def make_planner(loaded: object, k: int | None, *, seed: int | None = None):  # type: ignore[no-untyped-def]
