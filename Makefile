@@ -3,7 +3,9 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 # CMAKE_ARGS passes through to llama-cpp-python's build: CMAKE_ARGS="-DGGML_CUDA=on" make install
-# gives a CUDA build; on macOS arm64 llama.cpp builds with Metal by default.
+# gives a CUDA build; on macOS arm64 llama.cpp builds with Metal by default. The install ends with a
+# self-check of the llama.cpp build (quantised matmuls in a child process); a build that crashes or
+# computes wrong numbers is rebuilt once for this CPU (no -march=native, no AMX, no pip wheel cache).
 export CMAKE_ARGS
 
 .PHONY: install test test-slow lint demo bench stress clean
@@ -12,6 +14,7 @@ $(BIN)/specchat: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -e '.[dev]'
+	$(BIN)/python -m specchat.buildcheck install
 	@touch $@
 
 install: $(BIN)/specchat

@@ -66,7 +66,14 @@ def locate(spec: str, *, offline: bool | None, console: object | None = None) ->
 def load(
     cfg: LoadConfig, *, note: Callable[[str], None] = lambda _m: None, console: object | None = None
 ) -> Loaded:
-    """Resolve and load the target and its drafters. `note` receives one-line progress messages."""
+    """Resolve and load the target and its drafters. `note` receives one-line progress messages.
+
+    A llama.cpp build recorded as failing its self-check (see buildcheck) is refused first: it would
+    crash or compute garbage on the first quantised matmul, after a possibly long download.
+    """
+    from .buildcheck import refuse_known_bad
+
+    refuse_known_bad()
     model_specs = [d for d in cfg.drafts if d != NGRAM]
     paths = {spec: locate(spec, offline=cfg.offline, console=console) for spec in [cfg.target, *model_specs]}
     infos = {spec: read_gguf(p) for spec, p in paths.items()}  # not-a-GGUF / truncated: one clear line
