@@ -202,6 +202,17 @@ def llama_cpp_facts() -> dict[str, Any]:
         "cpu_build_flags": flags,
         "mmap": info.get("mmap"),
         "system_info": system_info,
+        # what the fit check plans with: each device and its memory, as llama.cpp reports it
+        "devices": [
+            {
+                "name": d.name,
+                "description": d.description,
+                "kind": d.kind,
+                "free_bytes": d.free_bytes,
+                "total_bytes": d.total_bytes,
+            }
+            for d in engine.device_memory()
+        ],
     }
 
 
@@ -471,6 +482,12 @@ def _build_facts_table(b: dict[str, Any]) -> Table:
     t.add_row("CPU SIMD", _cell(" ".join(b["cpu_simd"]) or "none reported"))
     if b["cpu_build_flags"]:
         t.add_row("CPU build flags", _cell(" ".join(b["cpu_build_flags"])))
+    for d in b.get("devices", []):
+        t.add_row(
+            f"device {_cell(d['name'])}",
+            f"{_cell(d['kind'])} · {_cell(d['description'])} · {_size(d['free_bytes'])} free of "
+            f"{_size(d['total_bytes'])}",
+        )
     t.add_row("mmap", "yes" if b["mmap"] else "no")
     t.add_row("system info", _cell(b["system_info"]))
     return t
