@@ -14,10 +14,14 @@ $(BIN)/specchat: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -e '.[dev]'
+	@touch $@
+
+# The llama.cpp build self-check (specchat/buildcheck.py), once per venv and again until it passes.
+$(VENV)/.buildcheck: $(BIN)/specchat
 	$(BIN)/python -m specchat.buildcheck install
 	@touch $@
 
-install: $(BIN)/specchat
+install: $(VENV)/.buildcheck
 
 test: install
 	$(BIN)/pytest -q

@@ -67,6 +67,12 @@ PROBE_TYPES = ("Q4_0", "Q8_0", "Q4_K")
 PROBE_SHAPES = {"n_embd": 256, "n_ff": 512, "n_head": 4, "n_vocab": 288, "n_ctx": 64}
 
 _SIGNAL_EXIT = 128  # a shell reports "killed by signal N" as 128 + N
+#: signals that mean the build itself failed (not all exist on Windows)
+_CRASH_SIGNALS = frozenset(
+    getattr(signal, name)
+    for name in ("SIGILL", "SIGSEGV", "SIGBUS", "SIGFPE", "SIGABRT")
+    if hasattr(signal, name)
+)
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -192,7 +198,7 @@ def fix_command(version: str, cpuinfo: str | None = None, cmake_args: str | None
         version,
         cpuinfo=_read_cpuinfo() if cpuinfo is None else cpuinfo,
         cmake_args=os.environ.get("CMAKE_ARGS", "") if cmake_args is None else cmake_args,
-        python="python",
+        x86=can_rebuild(),
     )
     return f"CMAKE_ARGS={shlex.quote(env['CMAKE_ARGS'])} " + shlex.join(args)
 
@@ -215,7 +221,7 @@ def decide(
     if returncode is None:
         return NOT_RUN, f"the probe did not finish within {PROBE_TIMEOUT:.0f} s{where}", ()
     sig = -returncode if returncode < 0 else returncode - _SIGNAL_EXIT if returncode > _SIGNAL_EXIT else 0
-    if returncode < 0 or sig in (signal.SIGILL, signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGABRT):
+    if returncode < 0 or sig in _CRASH_SIGNALS:
         name = _signal_name(sig)
         return CRASHED, f"killed by {name}{where}", ()
     payload = _last_json(lines)
@@ -319,19 +325,20 @@ def run_check(
 # --------------------------------------------------------------------------------------------------------
 # Rebuilding for this CPU
 
-#: /proc/cpuinfo flag -> llama.cpp CMake option; GGML_NATIVE=OFF builds exactly these (never AMX).
-CPU_FLAG_OPTIONS = (
-    ("sse4_2", "GGML_SSE42"),
-    ("avx", "GGML_AVX"),
-    ("avx2", "GGML_AVX2"),
-    ("fma", "GGML_FMA"),
-    ("f16c", "GGML_F16C"),
-    ("bmi2", "GGML_BMI2"),
-    ("avx_vnni", "GGML_AVX_VNNI"),
-    ("avx512f", "GGML_AVX512"),
-    ("avx512vbmi", "GGML_AVX512_VBMI"),
-    ("avx512_vnni", "GGML_AVX512_VNNI"),
-    ("avx512_bf16", "GGML_AVX512_BF16"),
+#: llama.cpp CMake option -> the /proc/cpuinfo flags it compiles for (GGML_AVX512 adds -mavx512f, cd,
+#: vl, dq and bw: ggml-cpu/CMakeLists.txt). GGML_NATIVE=OFF builds exactly these, and never AMX.
+CPU_FLAG_OPTIONS: tuple[tuple[str, frozenset[str]], ...] = (
+    ("GGML_SSE42", frozenset({"sse4_2"})),
+    ("GGML_AVX", frozenset({"avx"})),
+    ("GGML_AVX2", frozenset({"avx2"})),
+    ("GGML_FMA", frozenset({"fma"})),
+    ("GGML_F16C", frozenset({"f16c"})),
+    ("GGML_BMI2", frozenset({"bmi2"})),
+    ("GGML_AVX_VNNI", frozenset({"avx_vnni"})),
+    ("GGML_AVX512", frozenset({"avx512f", "avx512cd", "avx512vl", "avx512dq", "avx512bw"})),
+    ("GGML_AVX512_VBMI", frozenset({"avx512vbmi"})),
+    ("GGML_AVX512_VNNI", frozenset({"avx512_vnni"})),
+    ("GGML_AVX512_BF16", frozenset({"avx512_bf16"})),
 )
 #: options taken out of the user's CMAKE_ARGS: they would bring back -march=native or AMX
 _OVERRIDDEN = ("GGML_NATIVE", "GGML_AMX_TILE", "GGML_AMX_INT8", "GGML_AMX_BF16", "GGML_CPU_ALL_VARIANTS")
@@ -350,24 +357,29 @@ def cmake_flags(cpuinfo: str) -> list[str]:
     """-DGGML_...=ON/OFF for this CPU's SIMD extensions, with native detection and AMX off."""
     flags = cpu_flags(cpuinfo)
     out = ["-DGGML_NATIVE=OFF"]
-    out += [f"-D{option}={'ON' if flag in flags else 'OFF'}" for flag, option in CPU_FLAG_OPTIONS]
+    out += [f"-D{option}={'ON' if needs <= flags else 'OFF'}" for option, needs in CPU_FLAG_OPTIONS]
     out += ["-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF"]
     return out
 
 
 def rebuild_command(
-    version: str, *, cpuinfo: str, cmake_args: str, python: str = sys.executable
+    version: str, *, cpuinfo: str, cmake_args: str, python: str = sys.executable, x86: bool = True
 ) -> tuple[list[str], dict[str, str]]:
     """(argv, extra environment) to rebuild llama-cpp-python `version` from source for this CPU.
 
     `--no-cache-dir` because pip's wheel cache would hand back the wheel that failed, whatever the
-    flags; `--no-binary` so a prebuilt wheel on an extra index cannot stand in either. The user's
-    CMAKE_ARGS (CUDA, Metal, ...) come after ours, less the options that re-enable native or AMX code.
+    flags; `--no-binary` so a prebuilt wheel on an extra index cannot stand in either. On x86 the
+    user's CMAKE_ARGS (CUDA, ...) come after our SIMD flags, less the options that re-enable native or
+    AMX code; elsewhere (macOS, ARM) only the user's CMAKE_ARGS are passed: a clean build from source.
     """
-    user = [a for a in shlex.split(cmake_args) if not any(a.startswith(f"-D{o}") for o in _OVERRIDDEN)]
+    if x86:
+        user = [a for a in shlex.split(cmake_args) if not any(a.startswith(f"-D{o}") for o in _OVERRIDDEN)]
+        flags = [*cmake_flags(cpuinfo), *user]
+    else:
+        flags = shlex.split(cmake_args)
     argv = [python, "-m", "pip", "install", "--no-cache-dir", "--force-reinstall", "--no-deps"]
     argv += ["--no-binary", "llama-cpp-python", f"llama-cpp-python=={version}"]
-    return argv, {"CMAKE_ARGS": " ".join([*cmake_flags(cpuinfo), *user])}
+    return argv, {"CMAKE_ARGS": " ".join(flags)}
 
 
 def _read_cpuinfo() -> str:
@@ -405,13 +417,15 @@ def install(
     if not result.bad and not dry_run:
         return 0
     version = result.version or build_identity()["version"]
+    rebuildable = can_rebuild() if rebuildable is None else rebuildable
     argv, env = rebuild_command(
         version,
         cpuinfo=_read_cpuinfo() if cpuinfo is None else cpuinfo,
         cmake_args=os.environ.get("CMAKE_ARGS", "") if cmake_args is None else cmake_args,
+        x86=rebuildable,
     )
     fix = f"CMAKE_ARGS={shlex.quote(env['CMAKE_ARGS'])} {shlex.join(argv)}"
-    if not (can_rebuild() if rebuildable is None else rebuildable):
+    if not rebuildable:
         say(f"specchat will refuse this build; rebuild llama-cpp-python for this machine: {fix}")
         return 1
     if dry_run and not result.bad:
@@ -428,7 +442,7 @@ def install(
     if rc == 0:
         result = check()
         say(result.line())
-        if not result.bad and result.status == PASS:
+        if result.status == PASS:
             return 0
     say(
         "the rebuilt llama.cpp still fails its check: specchat refuses it. Try a build without AVX512: "

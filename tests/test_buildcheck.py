@@ -21,7 +21,8 @@ from specchat.gguf_meta import read_gguf
 
 IDENT = {"key": "testbuild0000", "version": "0.3.99", "libraries": []}
 
-AMX_FLAGS = "fpu sse4_2 avx avx2 fma f16c bmi2 avx512f avx512vbmi avx512_vnni avx512_bf16 avx_vnni amx_tile"
+AVX512 = "avx512f avx512cd avx512vl avx512dq avx512bw avx512vbmi avx512_vnni avx512_bf16"
+AMX_FLAGS = f"fpu sse4_2 avx avx2 fma f16c bmi2 {AVX512} avx_vnni amx_tile"
 CPUINFO_AMX = f"""processor\t: 0
 vendor_id\t: GenuineIntel
 model name\t: Intel(R) Xeon(R) Processor
@@ -155,6 +156,9 @@ def test_rebuild_flags_without_avx512_or_amx():
     args = env["CMAKE_ARGS"].split()
     assert "-DGGML_AVX2=ON" in args and "-DGGML_AVX512=OFF" in args and "-DGGML_AVX_VNNI=OFF" in args
     assert "-DGGML_AMX_TILE=OFF" in args
+    # AVX512 needs F, CD, VL, DQ and BW (what -DGGML_AVX512 compiles for): a CPU with F alone gets OFF
+    partial = CPUINFO_AVX2.replace("bmi2", "bmi2 avx512f avx512cd")
+    assert "-DGGML_AVX512=OFF" in buildcheck.cmake_flags(partial)
 
 
 # --- the install decision ---------------------------------------------------------------------------------
@@ -209,6 +213,7 @@ def test_install_on_macos_only_checks():
     rc, said, calls = _install(CRASHED, rebuildable=False)
     assert (rc, calls) == (1, [])
     assert said[-1].startswith("specchat will refuse this build; rebuild llama-cpp-python")
+    assert "CMAKE_ARGS=-DGGML_CUDA=on " in said[-1] and "GGML_AVX" not in said[-1]  # no x86 flags there
 
 
 def test_install_dry_run_shows_the_decision_and_the_command_without_running_it():
