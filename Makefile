@@ -3,7 +3,9 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 # CMAKE_ARGS passes through to llama-cpp-python's build: CMAKE_ARGS="-DGGML_CUDA=on" make install
-# gives a CUDA build; on macOS arm64 llama.cpp builds with Metal by default.
+# gives a CUDA build; on macOS arm64 llama.cpp builds with Metal by default. The install ends with a
+# self-check of the llama.cpp build (quantised matmuls in a child process); a build that crashes or
+# computes wrong numbers is rebuilt once for this CPU (no -march=native, no AMX, no pip wheel cache).
 export CMAKE_ARGS
 
 .PHONY: install test test-slow lint demo bench stress clean
@@ -14,7 +16,12 @@ $(BIN)/specchat: pyproject.toml
 	$(BIN)/pip install -e '.[dev]'
 	@touch $@
 
-install: $(BIN)/specchat
+# The llama.cpp build self-check (specchat/buildcheck.py), once per venv and again until it passes.
+$(VENV)/.buildcheck: $(BIN)/specchat
+	$(BIN)/python -m specchat.buildcheck install
+	@touch $@
+
+install: $(VENV)/.buildcheck
 
 test: install
 	$(BIN)/pytest -q

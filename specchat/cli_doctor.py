@@ -111,6 +111,7 @@ def collect(*, probe_hub: bool = True, hub_timeout: float = HUB_TIMEOUT) -> dict
     return {
         "specchat": _section(_specchat_facts),
         "llama_cpp": _section(llama_cpp_facts),
+        "build_check": _section(build_check_facts),
         "system": _section(_system_facts),
         "caches": _section(cache_facts),
         "models": _section(cached_models),
@@ -201,7 +202,46 @@ def llama_cpp_facts() -> dict[str, Any]:
         "cpu_build_flags": flags,
         "mmap": info.get("mmap"),
         "system_info": system_info,
+        # what the fit check plans with: each device and its memory, as llama.cpp reports it
+        "devices": [
+            {
+                "name": d.name,
+                "description": d.description,
+                "kind": d.kind,
+                "free_bytes": d.free_bytes,
+                "total_bytes": d.total_bytes,
+            }
+            for d in engine.device_memory()
+        ],
     }
+
+
+def build_check_facts() -> dict[str, Any]:
+    """The stored verdict of `make install`'s llama.cpp self-check for the installed build (never runs
+    the probe: that takes seconds and, on a bad build, a crashing child process)."""
+    from specchat import buildcheck
+
+    ident = buildcheck.build_identity()
+    result = buildcheck.stored_result(ident)
+    out: dict[str, Any] = {"name": buildcheck.CHECK_NAME, "build_key": ident["key"]}
+    if result is None:
+        out.update(
+            status="not checked",
+            detail="this build was not checked yet: run `python -m specchat.buildcheck check` "
+            "(`make install` does)",
+            checked_at=None,
+            buffers=[],
+        )
+        return out
+    out.update(
+        status=result.status,
+        detail=result.detail,
+        checked_at=time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(result.checked_at)),
+        buffers=list(result.buffers),
+    )
+    if result.bad:
+        out["fix"] = f"run `make install`, or: {buildcheck.fix_command(result.version)}"
+    return out
 
 
 def dir_usage(path: Path, *, limit: int = WALK_LIMIT) -> dict[str, Any]:
@@ -402,7 +442,7 @@ def _failed(section: Any) -> bool:
 def render_report(report: dict[str, Any]) -> Group:
     """The report as Rich tables, one per section, in the order a reader scans a bug report."""
     parts: list[Any] = [f"[bold]specchat doctor[/] · specchat {_cell(report['versions'].get('specchat'))}"]
-    parts.append(_build_table(report["llama_cpp"]))
+    parts.append(_build_table(report["llama_cpp"], report.get("build_check")))
     parts.append(_system_table(report["system"]))
     parts.append(_caches_table(report["caches"]))
     parts.append(_models_table(report["models"]))
@@ -411,9 +451,30 @@ def render_report(report: dict[str, Any]) -> Group:
     return Group(*parts)
 
 
-def _build_table(b: dict[str, Any]) -> Table:
-    if _failed(b):
-        return _error_table("llama.cpp build", b)
+def _build_table(b: dict[str, Any], check: dict[str, Any] | None = None) -> Table:
+    table = _error_table("llama.cpp build", b) if _failed(b) else _build_facts_table(b)
+    if check is not None:
+        _add_check_row(table, check)
+    return table
+
+
+def _add_check_row(t: Table, c: dict[str, Any]) -> None:
+    """One row: the self-check's verdict (green pass, red wrong/crashed, yellow otherwise) and why."""
+    if _failed(c):
+        t.add_row("self-check", f"[red]{_cell(c['error'])}[/]")
+        return
+    colour = {"pass": "green", "wrong numbers": "red", "crashed": "red"}.get(c["status"], "yellow")
+    text = f"[{colour}]{_cell(c['status'])}[/] · {_cell(c['name'])}: {_cell(c['detail'])}"
+    if c.get("buffers"):
+        text += f" · extra buffers: {_cell(', '.join(c['buffers']))}"
+    if c.get("checked_at"):
+        text += f" · checked {_cell(c['checked_at'])}"
+    if c.get("fix"):
+        text += f"\n[red]{_cell(c['fix'])}[/]"
+    t.add_row("self-check", text)
+
+
+def _build_facts_table(b: dict[str, Any]) -> Table:
     t = _table("llama.cpp build", "", "")
     offload = "[green]" if b["gpu_offload"] else "[yellow]"
     t.add_row("GPU offload", f"{offload}{_cell(b['gpu_backend'])}[/]")
@@ -421,6 +482,12 @@ def _build_table(b: dict[str, Any]) -> Table:
     t.add_row("CPU SIMD", _cell(" ".join(b["cpu_simd"]) or "none reported"))
     if b["cpu_build_flags"]:
         t.add_row("CPU build flags", _cell(" ".join(b["cpu_build_flags"])))
+    for d in b.get("devices", []):
+        t.add_row(
+            f"device {_cell(d['name'])}",
+            f"{_cell(d['kind'])} · {_cell(d['description'])} · {_size(d['free_bytes'])} free of "
+            f"{_size(d['total_bytes'])}",
+        )
     t.add_row("mmap", "yes" if b["mmap"] else "no")
     t.add_row("system info", _cell(b["system_info"]))
     return t

@@ -52,7 +52,20 @@ SourceOpt = Annotated[
         case_sensitive=False,
     ),
 ]
-ForceOpt = Annotated[bool, typer.Option("--force", help="Download again even if the file is already cached.")]
+ForceOpt = Annotated[
+    bool,
+    typer.Option(
+        "--force",
+        help="Download again even if the file is already cached, and even if the fit check says it "
+        "will not fit in this machine's memory.",
+    ),
+]
+CtxOpt = Annotated[
+    int,
+    typer.Option(
+        "--ctx-size", "-c", min=1, help="Context size the fit check plans for (as `run --ctx-size`)."
+    ),
+]
 OfflineOpt = Annotated[
     bool,
     typer.Option("--offline", help="Never use the network: only report cached files (as HF_HUB_OFFLINE=1)."),
@@ -80,11 +93,21 @@ def pull_command(
     source: SourceOpt = Source.auto,
     force: ForceOpt = False,
     offline: OfflineOpt = False,
+    ctx_size: CtxOpt = 4096,
 ) -> None:
-    """Download models into the local cache and print their paths, one per line, last."""
+    """Download models into the local cache and print their paths, one per line, last.
+
+    Before downloading, each model (with its draft, given --with-draft) is checked against this
+    machine's memory from its size in models.toml or on the Hub; --force downloads anyway.
+    """
     err = Console(stderr=True)
     registry = load_registry()
     refs = [resolve(m, registry) for m in models]
+    if not force and not offline:
+        from specchat.loader import fit_before_download
+
+        for group in _fit_groups(refs, registry, with_draft=with_draft):
+            fit_before_download(group, ctx_size=ctx_size, offline=offline or None)
     if with_draft:
         refs = _with_drafts(refs, registry, err)
     paths: list[Path] = []
@@ -95,6 +118,15 @@ def pull_command(
             paths.append(hub.pull(ref, source=source.value, force=force, console=err))
     for path in paths:
         typer.echo(str(path))
+
+
+def _fit_groups(refs: list[ModelRef], registry: Registry, *, with_draft: bool) -> list[list[ModelRef]]:
+    """What runs together: each model alone, or each target with its recommended draft."""
+    groups = []
+    for ref in refs:
+        draft = ref.entry.draft if with_draft and ref.entry else None
+        groups.append([ref, resolve(draft, registry)] if draft else [ref])
+    return groups
 
 
 def _with_drafts(refs: list[ModelRef], registry: Registry, err: Console) -> list[ModelRef]:

@@ -8,8 +8,10 @@ imports llama_cpp; they are passed in here as plain values.
 
 from __future__ import annotations
 
+import math
 import os
 import platform
+import re
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -81,6 +83,8 @@ class Footprint:
 
     models: tuple[ModelFootprint, ...]
     n_ctx: int
+    #: from file sizes before a download (no GGUF header yet), not from the files' headers
+    estimated: bool = False
 
     @property
     def weights_bytes(self) -> int:
@@ -141,6 +145,115 @@ def estimate_footprint(
     return Footprint(models=tuple(models), n_ctx=n_ctx)
 
 
+#: KV-cache bytes per context position of a 1B-parameter model, and how it grows: per token a model
+#: stores n_layer x n_head_kv x head_dim x 2 (K and V) x 2 bytes, and the GQA models in the registry
+#: follow about 40 KiB x sqrt(params / 1B) (Llama 3.2 1B: 32 KiB, 3.1 8B: 128 KiB, 3.3 70B: 320 KiB;
+#: Qwen2.5 0.5B/1.5B: 12/28 KiB). Models without GQA need up to 4x more: that is why it is an estimate.
+KV_PER_TOKEN_1B = 40 * 1024
+#: bits per weight of the common GGUF quantisations (file size x 8 / parameters, as llama.cpp lists them)
+BITS_PER_WEIGHT = {
+    "Q2_K": 3.35, "Q3_K": 3.9, "IQ3": 3.5, "Q4_0": 4.55, "Q4_1": 5.0, "IQ4": 4.4, "Q4_K": 4.85,
+    "Q5_0": 5.5, "Q5_1": 6.0, "Q5_K": 5.7, "Q6_K": 6.56, "Q8_0": 8.5, "F16": 16.0, "BF16": 16.0,
+    "F32": 32.0,
+}  # fmt: skip
+_QUANT_RE = re.compile(r"(?<![A-Z0-9])(BF16|F16|F32|IQ[1-4]|Q[2-8]_(?:K|0|1))", re.IGNORECASE)
+#: vocabulary assumed for the compute buffer before the header is known (Qwen2.5's; Llama 3 has 128,256)
+ASSUMED_VOCAB = 152_064
+ASSUMED_HEADS = 32
+
+
+def parse_params(text: str | None) -> float | None:
+    """ "70B" / "1.5B" / "270M" (models.toml's params) as a number of parameters, else None."""
+    match = re.fullmatch(r"\s*([0-9.]+)\s*([KMBT])\s*", text or "", re.IGNORECASE)
+    if not match:
+        return None
+    scale = {"K": 1e3, "M": 1e6, "B": 1e9, "T": 1e12}[match.group(2).upper()]
+    return float(match.group(1)) * scale
+
+
+def bits_per_weight(quant_or_name: str | None) -> float:
+    """Bits per weight for a quantisation named in a file name or reference (Q4_K_M when unknown)."""
+    match = _QUANT_RE.search(quant_or_name or "")
+    return BITS_PER_WEIGHT.get(match.group(1).upper(), 4.85) if match else 4.85
+
+
+def estimate_from_size(
+    path: str | os.PathLike[str],
+    size_bytes: int,
+    n_ctx: int,
+    *,
+    params: float | None = None,
+    quant: str | None = None,
+    n_ubatch: int = DEFAULT_UBATCH,
+) -> ModelFootprint:
+    """A model's footprint before its file exists: weights = the file size; the KV cache from the
+    parameter count (given, else file size x 8 / bits per weight of `quant`); compute as for the
+    largest common vocabulary. Errs on the high side for small models, which fit anyway."""
+    n_params = params or size_bytes * 8 / bits_per_weight(quant or str(path))
+    per_token = int(KV_PER_TOKEN_1B * math.sqrt(max(n_params, 1e8) / 1e9))
+    largest = 4 * n_ubatch * max(ASSUMED_VOCAB, n_ctx * ASSUMED_HEADS)
+    return ModelFootprint(
+        path=Path(path),
+        weights_bytes=size_bytes,
+        kv_bytes=n_ctx * per_token,
+        kv_bytes_per_token=per_token,
+        compute_bytes=largest + largest // 10 + COMPUTE_OVERHEAD_BYTES,
+    )
+
+
+@dataclass(frozen=True)
+class MachineMemory:
+    """The memory the fit check may plan with: RAM, and GPU memory where llama.cpp reports a GPU."""
+
+    ram_available: int
+    ram_total: int
+    gpu_free: int | None = None  # dedicated GPU memory free, over all GPUs; None: no GPU reported
+    gpu_total: int | None = None
+    unified: bool = False  # Apple Silicon: the GPU works in RAM, so its memory is not extra
+    gpu_names: tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        """ "23.5 GB RAM, 8.0 GB GPU memory (CUDA0)" for messages."""
+        ram = f"{_gb(self.ram_total)} RAM"
+        if self.unified:
+            shared = f", of which the GPU may use {_gb(self.gpu_total)}" if self.gpu_total else ""
+            return f"{ram} shared with the GPU (unified memory{shared})"
+        if self.gpu_total is None:
+            return f"{ram}, no GPU memory llama.cpp can use"
+        names = f" ({', '.join(self.gpu_names)})" if self.gpu_names else ""
+        return f"{ram}, {_gb(self.gpu_total)} GPU memory{names}"
+
+
+def machine_memory(
+    devices: Iterable[Any],
+    *,
+    system: str | None = None,
+    machine: str | None = None,
+    ram_available: int | None = None,
+    ram_total: int | None = None,
+) -> MachineMemory:
+    """RAM from psutil plus the GPUs among llama.cpp's devices (engine.device_memory()'s values).
+
+    On Apple Silicon (Darwin arm64) Metal's "GPU memory" is the part of RAM the GPU may use, so it is
+    kept as a limit within RAM, never added to it.
+    """
+    vm = psutil.virtual_memory() if ram_available is None or ram_total is None else None
+    avail = int(vm.available) if vm is not None and ram_available is None else int(ram_available or 0)
+    total = int(vm.total) if vm is not None and ram_total is None else int(ram_total or 0)
+    gpus = [d for d in devices if getattr(d, "kind", "") == "gpu" and getattr(d, "total_bytes", 0) > 0]
+    if not gpus:
+        return MachineMemory(ram_available=avail, ram_total=total)
+    unified = (system or platform.system()) == "Darwin" and (machine or platform.machine()) == "arm64"
+    return MachineMemory(
+        ram_available=avail,
+        ram_total=total,
+        gpu_free=sum(int(d.free_bytes) for d in gpus),
+        gpu_total=sum(int(d.total_bytes) for d in gpus),
+        unified=unified,
+        gpu_names=tuple(str(d.name) for d in gpus),
+    )
+
+
 def available_ram() -> int:
     """RAM the OS can give us now without swapping (includes reclaimable page cache)."""
     return int(psutil.virtual_memory().available)
@@ -153,37 +266,54 @@ def fit_check(
     vram_bytes: int | None,
     force: bool,
     ram_bytes: int | None = None,
+    memory: MachineMemory | None = None,
 ) -> None:
     """Raise `NotEnoughMemory` (numbers + a way out) when the footprint will not fit, unless `force`.
 
-    With GPU offload and a known `vram_bytes`, the footprint must fit in VRAM. When VRAM cannot be
-    measured (e.g. Apple silicon's unified memory) we check against RAM, the only number we have.
-    `ram_bytes` overrides the measured available RAM (for tests).
+    With GPU offload and known GPU memory (`vram_bytes`, else `memory.gpu_free`), the footprint must
+    fit there. With unified memory (Apple Silicon) it must fit in RAM and within what the GPU may use
+    of it. Otherwise (no GPU, or none reported) it must fit in available RAM. `ram_bytes` overrides the
+    measured available RAM (for tests).
     """
     if force:
         return
     need = footprint.total_bytes
-    if gpu_offload and vram_bytes is not None:
-        if need <= vram_bytes:
-            return
-        where, have = "GPU memory", vram_bytes
+    unified = memory is not None and memory.unified and gpu_offload
+    if vram_bytes is None and memory is not None and not unified:
+        vram_bytes = memory.gpu_free
+    if ram_bytes is None:
+        ram_bytes = memory.ram_available if memory is not None else available_ram()
+    if unified:
+        assert memory is not None
+        have = min(ram_bytes, memory.gpu_free or ram_bytes)
+        where = "unified memory available"
+        ways = ["a smaller quantisation", _ctx_advice(footprint, have)]
+    elif gpu_offload and vram_bytes is not None:
+        have, where = vram_bytes, "GPU memory free"
         ways = [
             "a smaller quantisation",
             _ctx_advice(footprint, have),
             "fewer --gpu-layers (and more RAM use)",
         ]
     else:
-        have = available_ram() if ram_bytes is None else ram_bytes
-        if need <= have:
-            return
-        where = "RAM available"
+        have, where = ram_bytes, "RAM available"
         ways = ["a smaller quantisation", _ctx_advice(footprint, have)]
         if not gpu_offload:
             ways.append("--gpu-layers if you have a GPU")
+    if need <= have:
+        return
+    n = len(footprint.models)
+    subject = (
+        "this model needs" if n == 1 else "the model and its draft need" if n == 2 else "these models need"
+    )
+    how = "estimated from the file sizes, before downloading: " if footprint.estimated else ""
+    machine = f" (this machine: {memory.describe()})" if memory is not None else ""
     advice = ", ".join(w for w in ways if w)
+    anyway = "download and try anyway" if footprint.estimated else "try anyway"
     raise NotEnoughMemory(
-        f"not enough memory: these models need about {_gb(need)} ({_breakdown(footprint)}) but only "
-        f"{_gb(have)} of {where} — try {advice}, or --force to try anyway"
+        f"not enough memory: {subject} about {_gb(need)} at --ctx-size {footprint.n_ctx} "
+        f"({how}{_breakdown(footprint)}) but only {_gb(have)} of {where}{machine} — try {advice}, "
+        f"or --force to {anyway}"
     )
 
 
@@ -198,8 +328,8 @@ def _ctx_advice(footprint: Footprint, budget: int) -> str:
 
 def _breakdown(footprint: Footprint) -> str:
     return (
-        f"weights {_gb(footprint.weights_bytes)} + KV cache {_gb(footprint.kv_bytes)} for --ctx-size "
-        f"{footprint.n_ctx} + compute {_gb(footprint.compute_bytes)}"
+        f"weights {_gb(footprint.weights_bytes)} + KV cache {_gb(footprint.kv_bytes)} + compute "
+        f"{_gb(footprint.compute_bytes)}"
     )
 
 

@@ -275,6 +275,35 @@ def pull(
         raise OfflineError(f"cannot download {ref.display}: {unreachable}", hint=hint) from None
 
 
+def download_size(ref: ModelRef, *, offline: bool | None = None) -> int | None:
+    """Bytes of the file `ref` names, without downloading any: models.toml's size when the entry
+    describes this file, else the Hub's metadata (a HEAD of the file for hf:ORG/REPO/FILE, the repo
+    listing for ORG/REPO:QUANT). None when it cannot be known now (a local path, offline, the Hub
+    unreachable): the caller then learns the size the usual way, from the file.
+
+    A reference the Hub does not know fails here already (ModelNotFound, one line), before any download.
+    """
+    if ref.path is not None:
+        return None
+    expected = _expected_size(ref)
+    if expected is not None:
+        return expected
+    if is_offline(offline) or not hub_reachable():
+        return None
+    assert ref.repo is not None
+    endpoint, token = hf_endpoint(), _hf_token()
+    try:
+        if ref.file is None:
+            assert ref.quant is not None
+            _, _, size = _pick_from_listing(ref.repo, ref.quant, ref.revision, endpoint, token)
+            return size
+        check_repo_file(ref.file)
+        meta, _, _ = _hub_metadata(ref, ref.file, endpoint, token)
+    except _HubUnreachable:
+        return None
+    return meta.size
+
+
 def hub_reachable(timeout: float = 2.0) -> bool:
     """Whether the Hub endpoint answers at all (any HTTP status counts): a quick probe, so that a machine
     without Hub access falls back to the mirror at once instead of after huggingface_hub's retries."""
@@ -475,7 +504,7 @@ def _pull_hub(ref: ModelRef, *, force: bool, console: Console) -> Path:
     listing_sha: str | None = None
     if filename is None:
         assert ref.quant is not None
-        filename, listing_sha = _pick_from_listing(ref.repo, ref.quant, ref.revision, endpoint, token)
+        filename, listing_sha, _ = _pick_from_listing(ref.repo, ref.quant, ref.revision, endpoint, token)
     check_repo_file(filename)
     meta, url, headers = _hub_metadata(ref, filename, endpoint, token)
     etag, commit = meta.etag, meta.commit_hash
@@ -723,8 +752,9 @@ def _remember_commit(repo_dir: Path, revision: str, commit: str) -> None:
 
 def _pick_from_listing(
     repo: str, quant: str, revision: str, endpoint: str, token: str | None
-) -> tuple[str, str | None]:
-    """List the repo on the Hub, pick the file for `quant`, and return it with its LFS sha256 if known."""
+) -> tuple[str, str | None, int | None]:
+    """List the repo on the Hub, pick the file for `quant`: (its path, its LFS sha256, its size), the
+    last two None when the listing does not say."""
     from huggingface_hub import HfApi
     from huggingface_hub import errors as hf_errors
     from huggingface_hub.hf_api import RepoFile
@@ -747,9 +777,11 @@ def _pick_from_listing(
     except _transport_errors() as err:
         raise _HubUnreachable(f"the Hub ({endpoint}) did not answer the listing of {repo}") from err
     name = pick_quant_file((e.path for e in entries), quant, repo)
-    lfs = next((e.lfs for e in entries if e.path == name), None)
+    entry = next(e for e in entries if e.path == name)
+    lfs = entry.lfs
     sha = lfs.get("sha256") if isinstance(lfs, dict) else getattr(lfs, "sha256", None)
-    return name, sha if isinstance(sha, str) and re.fullmatch(r"[0-9a-f]{64}", sha) else None
+    size = entry.size if isinstance(entry.size, int) else None
+    return name, sha if isinstance(sha, str) and re.fullmatch(r"[0-9a-f]{64}", sha) else None, size
 
 
 def sha256_file(path: Path, progress: Callable[[int], None] | None = None) -> str:

@@ -11,11 +11,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import hardware
 from .drafters import Drafter, ModelDrafter
 from .engine import GGML_TYPE_BF16, LlamaModel, LoadOptions, render_chat, supports_gpu_offload
 from .errors import BadInput, ContextFull, ModelFileError
 from .gguf_meta import read_gguf
 from .pair import check_pair
+from .registry import ModelRef
 
 NGRAM = "ngram"
 
@@ -64,8 +66,22 @@ def locate(spec: str, *, offline: bool | None, console: object | None = None) ->
 def load(
     cfg: LoadConfig, *, note: Callable[[str], None] = lambda _m: None, console: object | None = None
 ) -> Loaded:
-    """Resolve and load the target and its drafters. `note` receives one-line progress messages."""
+    """Resolve and load the target and its drafters. `note` receives one-line progress messages.
+
+    A llama.cpp build recorded as failing its self-check (see buildcheck) is refused first: it would
+    crash or compute garbage on the first quantised matmul, after a possibly long download.
+    """
+    from .buildcheck import refuse_known_bad
+
+    refuse_known_bad()
     model_specs = [d for d in cfg.drafts if d != NGRAM]
+    fit_before_download(
+        [_resolve(s) for s in [cfg.target, *model_specs]],
+        ctx_size=cfg.ctx_size,
+        gpu_layers=cfg.gpu_layers,
+        force=cfg.force,
+        offline=cfg.offline,
+    )
     paths = {spec: locate(spec, offline=cfg.offline, console=console) for spec in [cfg.target, *model_specs]}
     infos = {spec: read_gguf(p) for spec, p in paths.items()}  # not-a-GGUF / truncated: one clear line
     _fit_check(cfg, paths, infos)
@@ -124,14 +140,76 @@ def load(
     return out
 
 
+def _resolve(spec: str) -> ModelRef:
+    from .registry import load_registry, resolve
+
+    return resolve(spec, load_registry())
+
+
+def fit_before_download(
+    refs: Sequence[ModelRef],
+    *,
+    ctx_size: int,
+    gpu_layers: int | None = None,
+    force: bool = False,
+    offline: bool | None = None,
+) -> None:
+    """Refuse, before a byte is downloaded, models that together will not fit (NotEnoughMemory).
+
+    Only when something would be downloaded: files on disk get the exact check from their headers
+    after `locate`. Sizes come from models.toml or the Hub's metadata (hub.download_size); without a
+    header the KV cache and compute buffer are estimated from the size (hardware.estimate_from_size),
+    and the message says so. When a size cannot be known (offline, Hub unreachable) nothing is
+    refused here: the exact check after the download still runs.
+    """
+    if force or offline:
+        return
+    from . import hub
+    from .errors import SpecchatError
+
+    models: list[hardware.ModelFootprint] = []
+    downloads = 0
+    for ref in refs:
+        on_disk = ref.path if ref.path is not None else hub.cached_path(ref)
+        if on_disk is not None and on_disk.is_file():
+            try:
+                info = read_gguf(on_disk, allow_truncated=True)
+                models.extend(hardware.estimate_footprint([(on_disk, info)], ctx_size).models)
+            except SpecchatError:  # `locate` reports a bad file with its own hint
+                models.append(hardware.estimate_from_size(on_disk, on_disk.stat().st_size, ctx_size))
+            continue
+        size = hub.download_size(ref, offline=offline)
+        if size is None:
+            return
+        downloads += 1
+        entry = ref.entry
+        models.append(
+            hardware.estimate_from_size(
+                ref.file or ref.display,
+                size,
+                ctx_size,
+                params=hardware.parse_params(entry.params) if entry is not None else None,
+                quant=ref.quant or (entry.quant if entry is not None and ref.file == entry.file else None),
+            )
+        )
+    if downloads == 0:
+        return
+    footprint = hardware.Footprint(models=tuple(models), n_ctx=ctx_size, estimated=True)
+    offload, memory = _offload_and_memory(gpu_layers)
+    hardware.fit_check(footprint, gpu_offload=offload, vram_bytes=None, force=False, memory=memory)
+
+
+def _offload_and_memory(gpu_layers: int | None) -> tuple[bool, hardware.MachineMemory]:
+    """Whether layers go to a GPU, and this machine's RAM and (from llama.cpp) GPU memory."""
+    from .engine import device_memory
+
+    return supports_gpu_offload() and gpu_layers != 0, hardware.machine_memory(device_memory())
+
+
 def _fit_check(cfg: LoadConfig, paths: dict[str, Path], infos: dict[str, object]) -> None:
-    from . import hardware
-
     fp = hardware.estimate_footprint([(paths[s], infos[s]) for s in paths], cfg.ctx_size)
-    from .engine import supports_gpu_offload
-
-    offload = supports_gpu_offload() and (cfg.gpu_layers is None or cfg.gpu_layers != 0)
-    hardware.fit_check(fp, gpu_offload=offload, vram_bytes=None, force=cfg.force)
+    offload, memory = _offload_and_memory(cfg.gpu_layers)
+    hardware.fit_check(fp, gpu_offload=offload, vram_bytes=None, force=cfg.force, memory=memory)
 
 
 def chat_prompt(

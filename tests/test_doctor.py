@@ -20,7 +20,7 @@ from .tiny_models import write_tiny_llama
 
 runner = CliRunner()
 
-SECTIONS = {"specchat", "llama_cpp", "system", "caches", "models", "hub", "versions"}
+SECTIONS = {"specchat", "llama_cpp", "build_check", "system", "caches", "models", "hub", "versions"}
 CUDA_INFO = (
     "CUDA : ARCHS = 500,610,700,750,800,860,890 | USE_GRAPHS = 1 | PEER_MAX_BATCH_SIZE = 128 | "
     "CPU : SSE3 = 1 | SSSE3 = 1 | AVX = 1 | AVX2 = 1 | F16C = 1 | FMA = 1 | BMI2 = 1 | AVX512 = 1 | "
