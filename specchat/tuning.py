@@ -27,7 +27,7 @@ import os
 import platform
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -184,8 +184,11 @@ class AutoPlanner:
         rng: np.random.Generator | None = None,
         explore: bool = True,
         learn_costs: bool = True,
+        route_priors: Sequence[Mapping[str, tuple[float, float]]] = (),
     ) -> None:
         self.costs = costs
+        # per drafter, priors for the routes it knows something about (n-gram match lengths)
+        self.route_priors = list(route_priors)
         self.calibrated = list(costs.verify)
         self.seen = [0] * len(costs.verify)
         self.k_max = min(k_max, len(costs.verify) - 1) if len(costs.verify) > 1 else k_max
@@ -202,7 +205,9 @@ class AutoPlanner:
         key = (drafter, route)
         found = self.acc.get(key)
         if found is None:
-            found = self.acc[key] = _Acceptance(*self.priors[drafter])
+            known = self.route_priors[drafter] if drafter < len(self.route_priors) else {}
+            prior = known.get(route, self.priors[drafter]) if route is not None else self.priors[drafter]
+            found = self.acc[key] = _Acceptance(*prior)
         return found
 
     @property
@@ -210,9 +215,13 @@ class AutoPlanner:
         return self.ties[0] / (self.ties[0] + self.ties[1])
 
     def _verify_curve(self, k_max: int) -> list[float]:
-        scale = 1.0
-        if self.seen and self.seen[0] >= SEEN_ENOUGH and self.calibrated[0] > 0:
-            scale = self.costs.verify[0] / self.calibrated[0]
+        # how far the live machine has moved from calibration, over every size seen often enough
+        ratios = [
+            self.costs.verify[i] / self.calibrated[i]
+            for i in range(len(self.seen))
+            if self.seen[i] >= SEEN_ENOUGH and self.calibrated[i] > 0 and self.costs.verify[i] > 0
+        ]
+        scale = float(np.exp(np.mean(np.log(ratios)))) if ratios else 1.0
         out = []
         for n in range(1, k_max + 2):
             if n <= len(self.seen) and self.seen[n - 1] >= SEEN_ENOUGH:
@@ -600,7 +609,10 @@ def make_planner(loaded: object, k: int | None, *, seed: int | None = None):  # 
     models = [d.model if isinstance(d, ModelDrafter) else None for d in drafters]
     costs = calibrate(loaded.target, models, backend=str(backend_info().get("system_info", "")))  # type: ignore[attr-defined]
     priors = [(3.0, 2.0) if m is not None else (1.0, 1.0) for m in models]
-    return AutoPlanner(costs, priors, rng=np.random.default_rng(seed), learn_costs=seed is None)
+    route_priors = [getattr(d, "route_priors", {}) for d in drafters]
+    return AutoPlanner(
+        costs, priors, rng=np.random.default_rng(seed), learn_costs=seed is None, route_priors=route_priors
+    )
 
 
 #: a draft model accepted less often than this is a poor match for its target

@@ -279,3 +279,18 @@ def test_low_draft_acceptance_suggests_a_same_family_draft():
     assert acceptance_advice(stats(100, 70), ["smol.gguf"], "t") is None  # a good draft: nothing to say
     assert acceptance_advice(stats(10, 0), ["smol.gguf"], "t") is None  # too few drafts to judge
     assert acceptance_advice(stats(100, 10, "ngram"), ["smol.gguf"], "t") is None  # n-gram: not a model
+
+
+def test_route_priors_let_long_copies_draft_deep_from_the_first_rounds():
+    """Before, every route started at 50% acceptance and auto needed ~40 rounds to trust a long copy."""
+    from specchat.drafters import NGRAM_ROUTE_PRIORS
+
+    # V(1..16) of the default target on the 2-core EPYC this was written on (calibration, seconds)
+    here = [0.0241, 0.0448, 0.0614, 0.0734, 0.0921, 0.1035, 0.1209, 0.1211, 0.1348]
+    here += [0.1348 + (0.1525 - 0.1348) * i / 3 for i in (1, 2, 3)]  # V(10..12)
+    here += [0.1525 + (0.1417 - 0.1525) * i / 4 for i in (1, 2, 3, 4)]  # V(13..16): the 16-row dip
+    costs = Costs(here, [0.0], exact_n=3)
+    planner = AutoPlanner(costs, [(1.0, 1.0)], route_priors=[NGRAM_ROUTE_PRIORS], explore=False)
+    assert planner.plan(15, ["match 16+"])[1] >= 8
+    assert planner.plan(15, ["match 2+"]) == (None, 0)
+    assert AutoPlanner(costs, [(1.0, 1.0)], explore=False).plan(15, ["match 16+"]) == (None, 0)
