@@ -2,7 +2,7 @@
 
 No Rich and no llama_cpp here: the session talks to its models through the small `Engine` protocol
 (a target, its drafters, a template function, a planner factory), so tests drive whole conversations
-with numpy fakes. The terminal UI lives in `cli_chat.py`.
+with numpy fakes. The terminal UI lives in `chat_ui.py`.
 
 Why KV reuse needs nothing special: each turn the whole conversation is rendered with the target's
 chat template and handed to `speculative.generate`, which (like each drafter) decodes only what
@@ -39,7 +39,7 @@ TRIM_TO = 0.75
 
 
 class Engine(Protocol):
-    """What a chat needs from the loaded models. `cli_chat.LoadedEngine` wraps llama.cpp models;
+    """What a chat needs from the loaded models. `loader.LoadedEngine` wraps llama.cpp models;
     tests pass fakes."""
 
     @property

@@ -10,12 +10,16 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .drafters import Drafter, ModelDrafter
 from .engine import GGML_TYPE_BF16, LlamaModel, LoadOptions, render_chat, supports_gpu_offload
 from .errors import BadInput, ContextFull, ModelFileError
 from .gguf_meta import read_gguf
 from .pair import check_pair
+
+if TYPE_CHECKING:
+    from .speculative import Planner
 
 NGRAM = "ngram"
 
@@ -52,6 +56,39 @@ class Loaded:
         for m in self.draft_models:
             m.close()
         self.target.close()
+
+
+@dataclass(slots=True)
+class LoadedEngine:
+    """`chat.Engine` over models from `load`: the GGUF chat template and the real planner (what the
+    chat session code is handed, by every front end that has one)."""
+
+    loaded: Loaded
+    seed: int | None = None
+
+    @property
+    def target(self) -> LlamaModel:
+        return self.loaded.target
+
+    @property
+    def drafters(self) -> Sequence[Drafter]:
+        return self.loaded.drafters
+
+    @property
+    def tie_margin(self) -> float:
+        return self.loaded.tie_margin
+
+    @property
+    def exact_rows(self) -> int:
+        return self.loaded.exact_rows
+
+    def render(self, messages: Sequence[dict[str, str]]) -> tuple[list[int], str | None]:
+        return chat_prompt(self.loaded.target, messages)
+
+    def planner(self, k: int | None) -> Planner:
+        from .tuning import make_planner
+
+        return make_planner(self.loaded, k, seed=self.seed)
 
 
 def locate(spec: str, *, offline: bool | None, console: object | None = None) -> Path:

@@ -80,8 +80,8 @@ def test_greedy_speculation_passes_the_teacher_forced_audit_past_512_cells(real_
 def test_twenty_turn_soak_trims_context_and_keeps_memory_flat(real_pair):
     from specchat import loader
     from specchat.chat import ChatSession
-    from specchat.cli_chat import LoadedEngine
     from specchat.events import Token
+    from specchat.loader import LoadedEngine
 
     target, draft = (str(p) for p in real_pair)
     loaded = loader.load(loader.LoadConfig(target=target, drafts=(draft,), ctx_size=1024))
