@@ -1,6 +1,6 @@
 """specchat's command line: the one Typer app, and the command modules registered on it.
 
-Each command (cli_run, cli_chat, cli_bench, cli_models, cli_doctor) parses its options into the
+Each command (cli_run, cli_chat, cli_bench, cli_serve, cli_models, cli_doctor) parses its options into the
 shared `cli_options.Options`, calls the core, and hands events to render. Heavy imports (llama_cpp,
 numpy, huggingface_hub) happen inside commands, so `specchat --help` is instant and a typo in an
 option is reported before any model is touched.
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import typer
 
-from . import cli_bench, cli_chat, cli_doctor, cli_models, cli_run
+from . import cli_bench, cli_chat, cli_doctor, cli_models, cli_run, cli_serve
 
 app = typer.Typer(
     name="specchat",
@@ -31,7 +31,7 @@ app = typer.Typer(
 def _register_commands(app: typer.Typer) -> None:
     """Each command lives in its own module and depends only on shared ones (cli_options, cli_common,
     ...), never on this module or on another command's: this module imports them, nothing imports it."""
-    for module in (cli_run, cli_models, cli_doctor, cli_chat, cli_bench):
+    for module in (cli_run, cli_models, cli_doctor, cli_chat, cli_bench, cli_serve):
         module.register(app)
 
 

@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from .bench import BenchPrompt, BenchResult, Config, PreparedPrompt, ServerModel
     from .loader import Loaded
 
-EXPORT_FORMATS = ("llama-server",)
+EXPORT_FORMATS = ("llama-server", "vllm")
 BAR_WIDTH = 36
 REPORT_WIDTH = 150  # columns when stdout is not a terminal
 _EIGHTHS = " ▏▎▍▌▋▊▉"
@@ -63,6 +63,7 @@ BENCH_HELP = "\n\n".join(
         "specchat bench qwen2.5-coder-1.5b --draft qwen2.5-coder-0.5b --draft ngram",
         "specchat bench ./target.gguf --draft ngram --prompts my_prompts.jsonl --json > bench.json",
         "specchat bench qwen2.5-coder-1.5b --draft qwen2.5-coder-0.5b --export llama-server",
+        "specchat bench qwen2.5-coder-1.5b --draft ngram --export vllm",
     ]
 )
 
@@ -114,8 +115,8 @@ def bench(
         typer.Option(
             "--export",
             metavar="FORMAT",
-            help="Print the equivalent `llama-server` command line (FORMAT: llama-server) and exit; "
-            "nothing is loaded or run.",
+            help="Print the equivalent server command line and exit, loading and running nothing: "
+            "FORMAT `llama-server` (llama.cpp) or `vllm` (vLLM's --speculative-config, for GPUs).",
         ),
     ] = None,
     p_min: PMinOpt = None,
@@ -153,7 +154,7 @@ def bench(
     err = err_console()
 
     if export is not None:
-        _print_export(opts, drafts, err=err)
+        _print_export(export, opts, drafts, err=err)
         return
     if not drafts:
         raise BadInput("nothing to compare plain decoding with", "give --draft MODEL and/or --draft ngram")
@@ -323,22 +324,39 @@ def _run_with_progress(
         return go(show)
 
 
-def _print_export(opts: Options, drafts: tuple[str, ...], *, err: Console) -> None:
-    """The llama-server command line on stdout (copy-pasteable), notes about it on stderr."""
+def _print_export(fmt: str, opts: Options, drafts: tuple[str, ...], *, err: Console) -> None:
+    """The server command line on stdout (copy-pasteable), notes about it on stderr."""
     from .bench import llama_server_command
+    from .drafters import NgramDrafter
+    from .export import vllm_command
     from .tuning import K_MAX
 
-    argv, notes = llama_server_command(
-        _server_model(opts.target),
-        [_server_model(d) for d in drafts if d != NGRAM],
-        ngram=NGRAM in drafts,
-        draft_max=K_MAX,
-        p_min=opts.draft_p_min,
-        gpu_layers=opts.gpu_layers,
-        draft_gpu_layers=opts.draft_gpu_layers,
-        ctx_size=opts.ctx_size,
-        threads=opts.threads,
-    )
+    target = _server_model(opts.target)
+    models = [_server_model(d) for d in drafts if d != NGRAM]
+    if fmt == "vllm":
+        ngram = NgramDrafter()
+        argv, notes = vllm_command(
+            target,
+            models,
+            ngram=NGRAM in drafts,
+            num_speculative_tokens=K_MAX,
+            ngram_min=ngram.min_n,
+            ngram_max=ngram.max_n,
+            ctx_size=opts.ctx_size,
+        )
+    else:
+        argv, notes = llama_server_command(
+            target,
+            models,
+            ngram=NGRAM in drafts,
+            draft_max=K_MAX,
+            p_min=opts.draft_p_min,
+            gpu_layers=opts.gpu_layers,
+            draft_gpu_layers=opts.draft_gpu_layers,
+            ctx_size=opts.ctx_size,
+            threads=opts.threads,
+        )
+        notes.append("for vLLM's equivalent (--speculative-config), use --export vllm")
     print(shlex.join(argv))
     for note in notes:
         err.print(f"[dim]note: {escape(note)}[/]", highlight=False, soft_wrap=True)

@@ -85,10 +85,15 @@ class LoadedEngine:
     def render(self, messages: Sequence[dict[str, str]]) -> tuple[list[int], str | None]:
         return chat_prompt(self.loaded.target, messages)
 
-    def planner(self, k: int | None) -> Planner:
+    def render_text(self, text: str) -> tuple[list[int], str | None]:
+        """A plain-text prompt (no chat template), e.g. for the server's /v1/completions."""
+        return chat_prompt(self.loaded.target, [{"role": "user", "content": text}], raw=True)
+
+    def planner(self, k: int | None, *, seed: int | None = None) -> Planner:
+        """A planner for `-k k`; `seed` (default: this engine's) makes its choices repeatable."""
         from .tuning import make_planner
 
-        return make_planner(self.loaded, k, seed=self.seed)
+        return make_planner(self.loaded, k, seed=seed if seed is not None else self.seed)
 
 
 def locate(spec: str, *, offline: bool | None, console: object | None = None) -> Path:
