@@ -26,7 +26,7 @@ import uvicorn
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -80,7 +80,11 @@ def create_app(
 
 
 async def _generate(request: Request, kind: Kind, worker: Worker, model: str, defaults: Defaults) -> Response:
-    req = api.parse_request(kind, api.parse_json(await request.body()), defaults)
+    try:
+        raw = await request.body()
+    except ClientDisconnect:  # gone while still sending the body
+        return Response(status_code=204)
+    req = api.parse_request(kind, api.parse_json(raw), defaults)
     job = Job(req, asyncio.get_running_loop())
     worker.submit(job)
     streaming = False
