@@ -73,7 +73,7 @@ def serve(
         typer.Option(
             "--max-tokens",
             "-n",
-            help="Token limit for requests that send no max_tokens [default: until the context is full].",
+            help="Token limit for requests that send no max_tokens (default: until the context is full).",
             show_default=False,
         ),
     ] = None,

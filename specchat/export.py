@@ -51,8 +51,8 @@ def vllm_command(
     if config is not None:
         argv += ["--speculative-config", json.dumps(config)]
         notes.append(
-            f"vLLM drafts up to {num_speculative_tokens} tokens every round (no cost model); on a GPU that "
-            "usually pays, `specchat bench` measures it here"
+            f"vLLM drafts up to {num_speculative_tokens} tokens every round (it has no cost model); "
+            "`specchat bench` measures what drafting gives on this machine"
         )
     return argv, notes
 
