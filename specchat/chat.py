@@ -2,7 +2,7 @@
 
 No Rich and no llama_cpp here: the session talks to its models through the small `Engine` protocol
 (a target, its drafters, a template function, a planner factory), so tests drive whole conversations
-with numpy fakes. The terminal UI lives in `cli_chat.py`.
+with numpy fakes. The terminal UI lives in `chat_ui.py`.
 
 Why KV reuse needs nothing special: each turn the whole conversation is rendered with the target's
 chat template and handed to `speculative.generate`, which (like each drafter) decodes only what
@@ -39,7 +39,7 @@ TRIM_TO = 0.75
 
 
 class Engine(Protocol):
-    """What a chat needs from the loaded models. `cli_chat.LoadedEngine` wraps llama.cpp models;
+    """What a chat needs from the loaded models. `loader.LoadedEngine` wraps llama.cpp models;
     tests pass fakes."""
 
     @property
@@ -65,6 +65,46 @@ class Engine(Protocol):
     def planner(self, k: int | None) -> Planner:
         """A planner for a fixed k, or the auto-tuner for None."""
         ...
+
+
+def answer_events(
+    engine: Engine,
+    prompt: Sequence[int],
+    *,
+    drafters: Sequence[Drafter],
+    planner: Planner | None,
+    params: SamplingParams,
+    max_tokens: int,
+    rng: np.random.Generator,
+    tally: Tally,
+) -> Generator[Event, None, None]:
+    """The speculative loop over an engine's models, with the verification settings loading measured.
+
+    Whatever the engine's caches hold from the last answer is reused by common prefix (see the module
+    docstring); the chat session and the HTTP server both generate through here.
+    """
+    return generate(
+        engine.target,
+        prompt,
+        drafters=drafters,
+        planner=planner,
+        settings=Settings(
+            max_tokens=max_tokens,
+            params=params,
+            tie_margin=engine.tie_margin,
+            exact_rows=engine.exact_rows,
+        ),
+        rng=rng,
+        tally=tally,
+    )
+
+
+def follow_temperature(drafters: Sequence[Drafter], p_min: float | None, params: SamplingParams) -> None:
+    """Drafters' confidence cut-off follows the temperature unless the user fixed it (`p_min`)."""
+    value = p_min if p_min is not None else default_p_min(params)
+    for d in drafters:
+        if hasattr(d, "p_min"):
+            d.p_min = value
 
 
 @dataclass(slots=True)
@@ -256,17 +296,13 @@ class ChatSession:
         drafters = list(self.engine.drafters) if self.draft else []
         if drafters and self._planner is None:
             self._planner = self.engine.planner(self.k)
-        gen = generate(
-            self.engine.target,
+        gen = answer_events(
+            self.engine,
             prompt,
             drafters=drafters,
             planner=self._planner,
-            settings=Settings(
-                max_tokens=self.max_tokens,
-                params=self.params,
-                tie_margin=self.engine.tie_margin,
-                exact_rows=self.engine.exact_rows,
-            ),
+            params=self.params,
+            max_tokens=self.max_tokens,
             rng=self.rng,
             tally=tally,
         )
@@ -420,11 +456,7 @@ class ChatSession:
         return Reply(f"saved {len(self.turns)} turn{'s' if len(self.turns) != 1 else ''} to {path}")
 
     def _apply_p_min(self) -> None:
-        """Drafters' confidence cut-off follows the temperature unless the user fixed it."""
-        p_min = self.p_min if self.p_min is not None else default_p_min(self.params)
-        for d in self.engine.drafters:
-            if hasattr(d, "p_min"):
-                d.p_min = p_min
+        follow_temperature(self.engine.drafters, self.p_min, self.params)
 
     # --- reports ----------------------------------------------------------------------------------
     def totals(self) -> Stats | None:

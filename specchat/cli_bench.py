@@ -20,7 +20,9 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from .cli import (
+from .cli_common import check_range, err_console, guarded, load_models, out_console
+from .cli_options import (
+    NGRAM,
     CtxOpt,
     DraftGpuOpt,
     DraftOpt,
@@ -28,20 +30,20 @@ from .cli import (
     GpuOpt,
     MaxTokOpt,
     OfflineOpt,
+    Options,
     PMinOpt,
     TargetArg,
     ThreadsOpt,
     VerboseOpt,
-    _default_draft,
+    default_drafts,
 )
-from .cli_common import check_range, err_console, guarded, out_console
 from .errors import BadInput
 
 if TYPE_CHECKING:
     from .bench import BenchPrompt, BenchResult, Config, PreparedPrompt, ServerModel
     from .loader import Loaded
 
-EXPORT_FORMATS = ("llama-server",)
+EXPORT_FORMATS = ("llama-server", "vllm")
 BAR_WIDTH = 36
 REPORT_WIDTH = 150  # columns when stdout is not a terminal
 _EIGHTHS = " ▏▎▍▌▋▊▉"
@@ -61,12 +63,13 @@ BENCH_HELP = "\n\n".join(
         "specchat bench qwen2.5-coder-1.5b --draft qwen2.5-coder-0.5b --draft ngram",
         "specchat bench ./target.gguf --draft ngram --prompts my_prompts.jsonl --json > bench.json",
         "specchat bench qwen2.5-coder-1.5b --draft qwen2.5-coder-0.5b --export llama-server",
+        "specchat bench qwen2.5-coder-1.5b --draft ngram --export vllm",
     ]
 )
 
 
 def register(app: typer.Typer) -> None:
-    """Add `bench` to the app (called by cli._register_more)."""
+    """Add `bench` to the app (called by cli.py)."""
     app.command("bench", help=BENCH_HELP)(guarded(bench))
 
 
@@ -112,8 +115,8 @@ def bench(
         typer.Option(
             "--export",
             metavar="FORMAT",
-            help="Print the equivalent `llama-server` command line (FORMAT: llama-server) and exit; "
-            "nothing is loaded or run.",
+            help="Print the equivalent server command line and exit, loading and running nothing: "
+            "FORMAT `llama-server` (llama.cpp) or `vllm` (vLLM's --speculative-config, for GPUs).",
         ),
     ] = None,
     p_min: PMinOpt = None,
@@ -134,56 +137,29 @@ def bench(
     """
     from . import bench as core
 
-    check_range("--max-tokens", max_tokens, 1)
+    # the bench is greedy: the sampling options keep their defaults
+    opts = Options(
+        target, drafts=tuple(draft or ()), p_min=p_min, max_tokens=max_tokens, ctx_size=ctx_size,
+        gpu_layers=gpu_layers, draft_gpu_layers=draft_gpu_layers, threads=threads, offline=offline,
+        force=force, verbose=verbose,
+    )  # fmt: skip
     check_range("--repeats", repeats, 1, 100)
-    check_range("--ctx-size", ctx_size, 16)
-    check_range("--threads", threads, 1)
-    if p_min is not None and not (0 <= p_min <= 1):
-        raise BadInput(f"--draft-p-min must be in [0, 1] (got {p_min})")
     fixed_ks = core.parse_ks(ks) if ks is not None else None
     if export is not None and export not in EXPORT_FORMATS:
         raise BadInput(f"unknown --export format {export!r}", f"use one of: {', '.join(EXPORT_FORMATS)}")
     suite = core.load_prompts(prompts) if prompts is not None else list(core.SUITE)  # before any slow load
     if save is not None:
         _check_writable(save)
-    drafts = tuple(dict.fromkeys(draft)) if draft else _default_drafts(target)
-    from .drafters import default_p_min
-    from .sampling import SamplingParams
-
-    p_min_val = p_min if p_min is not None else default_p_min(SamplingParams())  # the bench is greedy
+    drafts = opts.drafts_to_load() if opts.drafts else bench_drafts(target)
     err = err_console()
 
     if export is not None:
-        _print_export(
-            target,
-            drafts,
-            p_min=p_min_val,
-            gpu_layers=gpu_layers,
-            draft_gpu_layers=draft_gpu_layers,
-            ctx_size=ctx_size,
-            threads=threads,
-            err=err,
-        )
+        _print_export(export, opts, drafts, err=err)
         return
     if not drafts:
         raise BadInput("nothing to compare plain decoding with", "give --draft MODEL and/or --draft ngram")
 
-    from . import loader
-
-    cfg = loader.LoadConfig(
-        target=target,
-        drafts=drafts,
-        ctx_size=ctx_size,
-        gpu_layers=gpu_layers,
-        draft_gpu_layers=draft_gpu_layers,
-        threads=threads,
-        p_min=p_min_val,
-        offline=offline or None,
-        force=force,
-        verbose=verbose,
-    )
-    with err.status("loading models…") as status:
-        loaded = loader.load(cfg, note=lambda m: status.update(m), console=err)
+    loaded = load_models(opts.load_config(drafts), err)
     try:
         prepared = _prepare(loaded, suite, max_tokens, err)
         if fixed_ks is None:
@@ -246,10 +222,10 @@ def _save(path: str, doc: str) -> None:
         raise BadInput(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
-def _default_drafts(target: str) -> tuple[str, ...]:
-    """The registry's recommended draft (found as `run` finds it, so hf: and ORG/REPO:QUANT targets
-    in the registry count too), plus the model-free n-gram drafter."""
-    return (*_default_draft(target, None, quiet=True), "ngram")
+def bench_drafts(target: str) -> tuple[str, ...]:
+    """What `bench` compares without --draft: the default drafts `run` would use, plus the model-free
+    n-gram drafter (once, should the defaults already include it)."""
+    return tuple(dict.fromkeys((*default_drafts(target), NGRAM)))
 
 
 def _prepare(loaded: Loaded, suite: list[BenchPrompt], max_tokens: int, err: Console) -> list[PreparedPrompt]:
@@ -348,32 +324,39 @@ def _run_with_progress(
         return go(show)
 
 
-def _print_export(
-    target: str,
-    drafts: tuple[str, ...],
-    *,
-    p_min: float,
-    gpu_layers: int | None,
-    draft_gpu_layers: int | None,
-    ctx_size: int,
-    threads: int | None,
-    err: Console,
-) -> None:
-    """The llama-server command line on stdout (copy-pasteable), notes about it on stderr."""
+def _print_export(fmt: str, opts: Options, drafts: tuple[str, ...], *, err: Console) -> None:
+    """The server command line on stdout (copy-pasteable), notes about it on stderr."""
     from .bench import llama_server_command
+    from .drafters import NgramDrafter
+    from .export import vllm_command
     from .tuning import K_MAX
 
-    argv, notes = llama_server_command(
-        _server_model(target),
-        [_server_model(d) for d in drafts if d != "ngram"],
-        ngram="ngram" in drafts,
-        draft_max=K_MAX,
-        p_min=p_min,
-        gpu_layers=gpu_layers,
-        draft_gpu_layers=draft_gpu_layers,
-        ctx_size=ctx_size,
-        threads=threads,
-    )
+    target = _server_model(opts.target)
+    models = [_server_model(d) for d in drafts if d != NGRAM]
+    if fmt == "vllm":
+        ngram = NgramDrafter()
+        argv, notes = vllm_command(
+            target,
+            models,
+            ngram=NGRAM in drafts,
+            num_speculative_tokens=K_MAX,
+            ngram_min=ngram.min_n,
+            ngram_max=ngram.max_n,
+            ctx_size=opts.ctx_size,
+        )
+    else:
+        argv, notes = llama_server_command(
+            target,
+            models,
+            ngram=NGRAM in drafts,
+            draft_max=K_MAX,
+            p_min=opts.draft_p_min,
+            gpu_layers=opts.gpu_layers,
+            draft_gpu_layers=opts.draft_gpu_layers,
+            ctx_size=opts.ctx_size,
+            threads=opts.threads,
+        )
+        notes.append("for vLLM's equivalent (--speculative-config), use --export vllm")
     print(shlex.join(argv))
     for note in notes:
         err.print(f"[dim]note: {escape(note)}[/]", highlight=False, soft_wrap=True)

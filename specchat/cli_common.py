@@ -12,13 +12,16 @@ import os
 import sys
 import traceback
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 
 from .errors import BadInput, SpecchatError
+
+if TYPE_CHECKING:
+    from .loader import LoadConfig, Loaded
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -109,3 +112,14 @@ def check_range(
         raise BadInput(f"{name} must be >= {lo} (got {value})")
     if hi is not None and value > hi:
         raise BadInput(f"{name} must be <= {hi} (got {value})")
+
+
+def load_models(cfg: LoadConfig, err: Console, *, quiet: bool = False) -> Loaded:
+    """`loader.load` with a spinner on stderr showing its progress notes (none when `quiet`, as for
+    --json, whose stderr stays free of anything but warnings and errors)."""
+    from . import loader
+
+    if quiet:
+        return loader.load(cfg, console=err)
+    with err.status("loading models…") as status:
+        return loader.load(cfg, note=status.update, console=err)

@@ -417,7 +417,7 @@ def _cell(value: object) -> str:
 
 
 def _size(n: int | None) -> str:
-    from specchat.cli_models import human_size
+    from specchat.hub import human_size
 
     return "?" if n is None else human_size(n)
 

@@ -21,7 +21,7 @@ from rich.table import Table
 from specchat import hub
 from specchat.cli_common import guarded
 from specchat.errors import BadInput
-from specchat.hub import human_size  # defined there; doctor and tests import it from here
+from specchat.hub import human_size  # defined there; tests import it from here too
 from specchat.registry import ModelEntry, ModelRef, Registry, load_registry, resolve
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from . import hardware
 from .drafters import Drafter, ModelDrafter
@@ -18,6 +19,9 @@ from .errors import BadInput, ContextFull, ModelFileError
 from .gguf_meta import read_gguf
 from .pair import check_pair
 from .registry import ModelRef
+
+if TYPE_CHECKING:
+    from .speculative import Planner
 
 NGRAM = "ngram"
 
@@ -52,6 +56,44 @@ class Loaded:
         for m in self.draft_models:
             m.close()
         self.target.close()
+
+
+@dataclass(slots=True)
+class LoadedEngine:
+    """`chat.Engine` over models from `load`: the GGUF chat template and the real planner (what the
+    chat session code is handed, by every front end that has one)."""
+
+    loaded: Loaded
+    seed: int | None = None
+
+    @property
+    def target(self) -> LlamaModel:
+        return self.loaded.target
+
+    @property
+    def drafters(self) -> Sequence[Drafter]:
+        return self.loaded.drafters
+
+    @property
+    def tie_margin(self) -> float:
+        return self.loaded.tie_margin
+
+    @property
+    def exact_rows(self) -> int:
+        return self.loaded.exact_rows
+
+    def render(self, messages: Sequence[dict[str, str]]) -> tuple[list[int], str | None]:
+        return chat_prompt(self.loaded.target, messages)
+
+    def render_text(self, text: str) -> tuple[list[int], str | None]:
+        """A plain-text prompt (no chat template), e.g. for the server's /v1/completions."""
+        return chat_prompt(self.loaded.target, [{"role": "user", "content": text}], raw=True)
+
+    def planner(self, k: int | None, *, seed: int | None = None) -> Planner:
+        """A planner for `-k k`; `seed` (default: this engine's) makes its choices repeatable."""
+        from .tuning import make_planner
+
+        return make_planner(self.loaded, k, seed=seed if seed is not None else self.seed)
 
 
 def locate(spec: str, *, offline: bool | None, console: object | None = None) -> Path:

@@ -1,16 +1,23 @@
-"""Everything Rich: the coloured token stream, the legend, the stats line. Takes a Console, so tests
-render into a recording console and the CLI/chat choose stdout, stderr or a file."""
+"""Everything Rich: the coloured token stream, the legend, the stats line, the SVG export. Takes a
+Console, so tests render into a recording console and the CLI/chat choose stdout, stderr or a file."""
 
 from __future__ import annotations
 
-from collections.abc import Generator
+import io
+import os
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from rich.console import Console, Group
 from rich.live import Live
 from rich.text import Text
 
+from .errors import BadInput
 from .events import Done, Event, Notice, Round, Source, Stats, Token
+
+if TYPE_CHECKING:
+    from .chat import Turn
 
 #: One colour per provenance. Green = the draft was right; red = the target had to correct it;
 #: blue = the target's free extra token after a fully accepted round; magenta = n-gram lookup.
@@ -186,3 +193,38 @@ def consume(events: Generator[Event, None, None], stream: TokenStream | None, ta
         if stream is not None:
             stream.end()
     return shown
+
+
+def export_svg(
+    path: str | os.PathLike[str],
+    turns: Sequence[Turn],
+    *,
+    sources: tuple[Source, ...] = (Source.DRAFT, Source.CORRECTION, Source.BONUS),
+    system: str | None = None,
+    title: str = "specchat",
+    width: int = 100,
+) -> None:
+    """Write the turns, coloured by token source, as an SVG picture (Rich's export_svg).
+
+    Rendered afresh from the recorded tokens rather than captured from the live screen, whose
+    refreshes would repeat lines. For `specchat run`: `export_svg(FILE, [Turn.from_shown(prompt,
+    shown)], sources=sources)`.
+    """
+    console = Console(
+        record=True, file=io.StringIO(), width=width, force_terminal=True, color_system="truecolor"
+    )
+    console.print(legend(sources))
+    if system:
+        console.print(Text(f"system: {terminal_safe(system)}", style="dim"))
+    for t in turns:
+        console.print(Text.assemble(("you› ", "bold cyan"), terminal_safe(t.user)))
+        answer = Text()
+        for piece, src in zip(t.pieces, t.sources, strict=True):
+            answer.append(terminal_safe(piece), style=STYLES[Source(src)])
+        console.print(answer)
+        if t.stats is not None:
+            console.print(stats_line(t.stats))
+    try:
+        console.save_svg(os.fspath(path), title=title)
+    except OSError as exc:
+        raise BadInput(f"cannot write {path}: {exc.strerror or exc}") from None

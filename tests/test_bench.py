@@ -516,7 +516,7 @@ def test_cli_export_of_uncached_alias_uses_hub_options():
     ("args", "needle"),
     [
         (["--prompts", "/nonexistent/prompts.jsonl"], "no such prompts file"),
-        (["--export", "vllm"], "unknown --export format"),
+        (["--export", "sglang"], "unknown --export format"),
         (["--ks", "1,two"], "--ks"),
         (["--repeats", "0"], "--repeats"),
         (["--save", "/nonexistent/dir/bench.json"], "--save"),

@@ -18,9 +18,9 @@ from typer.testing import CliRunner
 from specchat import loader, render
 from specchat.chat import Action, ChatSession, InputAssembler, Turn
 from specchat.cli import app
-from specchat.cli_chat import export_svg
 from specchat.drafters import ModelDrafter
 from specchat.errors import BadInput, ContextFull
+from specchat.render import export_svg
 from specchat.speculative import FixedK
 
 from .fakes import FakeModel

@@ -80,8 +80,8 @@ def test_greedy_speculation_passes_the_teacher_forced_audit_past_512_cells(real_
 def test_twenty_turn_soak_trims_context_and_keeps_memory_flat(real_pair):
     from specchat import loader
     from specchat.chat import ChatSession
-    from specchat.cli_chat import LoadedEngine
     from specchat.events import Token
+    from specchat.loader import LoadedEngine
 
     target, draft = (str(p) for p in real_pair)
     loaded = loader.load(loader.LoadConfig(target=target, drafts=(draft,), ctx_size=1024))
@@ -114,4 +114,69 @@ def test_twenty_turn_soak_trims_context_and_keeps_memory_flat(real_pair):
         )
         assert growth < 50 * 2**20, f"resident memory grew by {growth / 2**20:.1f} MiB after warm-up"
     finally:
+        loaded.close()
+
+
+def test_serve_answers_the_openai_client_and_a_resent_conversation_reuses_the_cache(real_pair):
+    """`specchat serve`'s stack on the real pair: streamed and plain agree at temperature 0, every
+    answer carries speculative stats, 3 concurrent requests and a hang-up are survived, and turn 2 of
+    a chat decodes only its new tokens."""
+    import threading
+
+    import httpx
+    import openai
+
+    from specchat import loader
+    from specchat.server.api import Defaults
+    from specchat.server.app import ServerThread, bind, create_app
+    from specchat.server.worker import Worker
+
+    target, draft = (str(p) for p in real_pair)
+    loaded = loader.load(loader.LoadConfig(target=target, drafts=(draft, "ngram"), ctx_size=2048))
+    worker = Worker(loader.LoadedEngine(loaded), queue_size=4)
+    http = ServerThread(
+        create_app(worker, model="qwen", defaults=Defaults(max_tokens=128)), bind("127.0.0.1", 0)
+    )
+    worker.start()
+    http.start()
+    url = f"http://127.0.0.1:{http.port}/v1"
+    c = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=300)
+    try:
+        chat = [{"role": "user", "content": "Write a Python function that reverses a linked list."}]
+        plain = c.chat.completions.create(model="qwen", messages=chat, max_tokens=64, temperature=0)
+        spec = plain.model_extra["speculative"]
+        assert spec["target_passes"] >= 1 and "acceptance_rate" in spec and "k_history" in spec
+        streamed = c.chat.completions.create(
+            model="qwen", messages=chat, max_tokens=64, temperature=0, stream=True
+        )
+        assert "".join(ch.choices[0].delta.content or "" for ch in streamed if ch.choices) == (
+            plain.choices[0].message.content
+        )
+
+        answers: list[str | None] = [None] * 3
+
+        def ask(i: int) -> None:
+            r = c.chat.completions.create(model="qwen", messages=chat, max_tokens=16, temperature=0)
+            answers[i] = r.choices[0].message.content
+
+        threads = [threading.Thread(target=ask, args=(i,)) for i in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(300)
+        assert all(answers) and len(set(answers)) == 1
+
+        body = {"messages": chat, "max_tokens": 400, "stream": True}
+        with httpx.stream("POST", f"{url}/chat/completions", json=body, timeout=300) as r:
+            next(r.iter_lines())  # then hang up
+        turn2 = [*chat, plain.choices[0].message.to_dict(), {"role": "user", "content": "Now iteratively."}]
+        second = c.chat.completions.create(model="qwen", messages=turn2, max_tokens=32, temperature=0)
+        cached = second.usage.prompt_tokens_details.cached_tokens
+        assert cached >= plain.usage.prompt_tokens, (cached, plain.usage.prompt_tokens)
+        new = second.usage.prompt_tokens - plain.usage.prompt_tokens - plain.usage.completion_tokens
+        assert second.model_extra["speculative"]["prefill_tokens"] <= new + 16  # about the new turn only
+    finally:
+        worker.shutdown()
+        http.stop(timeout=30)
+        worker.join(timeout=60)
         loaded.close()

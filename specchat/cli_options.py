@@ -1,0 +1,204 @@
+"""The options `run`, `chat`, `bench` and `serve` share: their Typer types, and one object holding them.
+
+Why one object: the commands take the same generation and loading settings. Typer reads each
+command's own signature, so every command lists its options with the Annotated aliases below; it then
+builds one `Options`, validated once here, and hands that on. How a setting is checked, what it
+defaults to and how it becomes a `loader.LoadConfig`, `SamplingParams` or planner choice is written
+once, in this module, and no command module imports another.
+
+Nothing heavy is imported at module level, so `specchat --help` stays instant.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from .cli_common import check_range
+from .errors import BadInput
+
+if TYPE_CHECKING:
+    from .loader import LoadConfig
+    from .sampling import SamplingParams
+
+NGRAM = "ngram"  # the model-free drafter's name on the command line (loader.NGRAM)
+
+# --- option types, reused by every command that takes the setting -----------------------------------------
+TargetArg = Annotated[
+    str,
+    typer.Argument(
+        help="Target model: an alias from `specchat models`, a .gguf path, hf:ORG/REPO/FILE.gguf "
+        "or ORG/REPO:QUANT."
+    ),
+]
+DraftOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--draft",
+        "-d",
+        help="Draft model (same forms as TARGET), or `ngram` for model-free prompt lookup. "
+        "Repeat to give several.",
+    ),
+]
+NoDraftOpt = Annotated[
+    bool, typer.Option("--no-draft", help="Plain decoding with the target alone (the baseline).")
+]
+KOpt = Annotated[
+    str,
+    typer.Option(
+        "--draft-tokens", "-k", help="Tokens drafted per round: a number (0 = none) or `auto` (cost model)."
+    ),
+]
+PMinOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--draft-p-min",
+        help="Stop drafting when the draft's confidence falls below this "
+        "(default: 0.75 greedy, 0.5 sampling).",
+    ),
+]
+TempOpt = Annotated[float, typer.Option("--temp", help="Sampling temperature; 0 = greedy (deterministic).")]
+TopKOpt = Annotated[int, typer.Option("--top-k", help="Sample from the k most likely tokens (0 = off).")]
+TopPOpt = Annotated[float, typer.Option("--top-p", help="Nucleus sampling mass in (0, 1] (1 = off).")]
+SeedOpt = Annotated[int | None, typer.Option("--seed", help="Random seed for sampling (repeatable runs).")]
+MaxTokOpt = Annotated[int, typer.Option("--max-tokens", "-n", help="Stop after this many generated tokens.")]
+CtxOpt = Annotated[int, typer.Option("--ctx-size", "-c", help="Context window in tokens (prompt + output).")]
+GpuOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--gpu-layers",
+        help="Target layers to offload to the GPU (default: all if the build can offload, else 0).",
+    ),
+]
+DraftGpuOpt = Annotated[
+    int | None, typer.Option("--draft-gpu-layers", help="Draft layers to offload (default: as --gpu-layers).")
+]
+ThreadsOpt = Annotated[
+    int | None, typer.Option("--threads", "-t", help="CPU threads (default: physical cores).")
+]
+SystemOpt = Annotated[str | None, typer.Option("--system", help="System prompt for the chat template.")]
+OfflineOpt = Annotated[
+    bool, typer.Option("--offline", help="Never touch the network; use cached models only.")
+]
+ForceOpt = Annotated[
+    bool, typer.Option("--force", help="Load even if the fit check says the models will not fit.")
+]
+VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Show llama.cpp's log and tracebacks.")]
+NoColorOpt = Annotated[
+    bool,
+    typer.Option("--no-color", help="No colours (also when NO_COLOR is set or stdout is not a terminal)."),
+]
+
+
+def parse_k(k: str) -> int | None:
+    """`-k` as given: a number of draft tokens (0..64), or None for `auto` (the cost model decides)."""
+    if k == "auto":
+        return None
+    try:
+        k_val = int(k)
+    except ValueError:
+        raise BadInput(f"-k/--draft-tokens must be a number >= 0 or `auto` (got {k!r})") from None
+    check_range("-k/--draft-tokens", k_val, 0, 64)
+    return k_val
+
+
+def default_drafts(target: str) -> tuple[str, ...]:
+    """The drafts a target gets when the user names none: the registry's recommended draft model.
+
+    The one place that decides it, for every command (`bench` adds `ngram` to whatever this returns).
+    hf: and ORG/REPO:QUANT targets that are in the registry count too, since `resolve` finds their alias.
+    """
+    from .registry import load_registry, resolve
+
+    reg = load_registry()
+    ref = resolve(target, reg)
+    rec = reg.recommended_draft(ref.alias) if ref.alias else None
+    return (rec,) if rec else ()
+
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    """Generation and loading settings of one command invocation, validated when built.
+
+    `drafts` are the --draft values as given; `drafts_to_load` applies --no-draft and the
+    recommended default. `k` None means auto; `p_min` None means "follow the temperature".
+    """
+
+    target: str
+    drafts: tuple[str, ...] = ()
+    no_draft: bool = False
+    k: int | None = None
+    p_min: float | None = None
+    temperature: float = 0.0
+    top_k: int = 40
+    top_p: float = 0.95
+    seed: int | None = None
+    max_tokens: int = 256
+    ctx_size: int = 4096
+    gpu_layers: int | None = None
+    draft_gpu_layers: int | None = None
+    threads: int | None = None
+    system: str | None = None
+    offline: bool = False
+    force: bool = False
+    verbose: bool = False
+
+    def __post_init__(self) -> None:
+        """Check every number before anything slow happens, with the option's name in the message."""
+        check_range("--temp", self.temperature, 0)
+        if self.temperature != self.temperature:  # NaN
+            raise BadInput("--temp must be a number >= 0")
+        check_range("--top-k", self.top_k, 0)
+        if not (0 < self.top_p <= 1):
+            raise BadInput(f"--top-p must be in (0, 1] (got {self.top_p}); 1 disables it")
+        check_range("--max-tokens", self.max_tokens, 1)
+        check_range("--ctx-size", self.ctx_size, 16)
+        check_range("--threads", self.threads, 1)
+        if self.p_min is not None and not (0 <= self.p_min <= 1):
+            raise BadInput(f"--draft-p-min must be in [0, 1] (got {self.p_min})")
+
+    @property
+    def params(self) -> SamplingParams:
+        from .sampling import SamplingParams
+
+        return SamplingParams(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)
+
+    @property
+    def draft_p_min(self) -> float:
+        """The draft confidence cut-off to load with: the user's, else the one for this temperature."""
+        from .drafters import default_p_min
+
+        return self.p_min if self.p_min is not None else default_p_min(self.params)
+
+    def drafts_to_load(self, announce: Callable[[str], None] | None = None) -> tuple[str, ...]:
+        """The drafters to load: none with --no-draft, the --draft values, else the recommended ones
+        (`announce` gets one line saying which, so the user knows why a draft model appears)."""
+        if self.no_draft:
+            return ()
+        if self.drafts:
+            return tuple(dict.fromkeys(self.drafts))  # a drafter given twice is loaded once
+        chosen = default_drafts(self.target)
+        if chosen and announce is not None:
+            announce(f"using the recommended draft {' + '.join(chosen)} (--no-draft for plain decoding)")
+        return chosen
+
+    def load_config(self, drafts: tuple[str, ...]) -> LoadConfig:
+        """What `loader.load` needs for these options and the chosen drafts."""
+        from .loader import LoadConfig
+
+        return LoadConfig(
+            target=self.target,
+            drafts=drafts,
+            ctx_size=self.ctx_size,
+            gpu_layers=self.gpu_layers,
+            draft_gpu_layers=self.draft_gpu_layers,
+            threads=self.threads,
+            p_min=self.draft_p_min,
+            offline=self.offline or None,
+            force=self.force,
+            verbose=self.verbose,
+            fixed_k=self.k is not None,
+        )

@@ -1,0 +1,175 @@
+"""`specchat run`: one answer, streamed in colour (or one JSON object), then the stats line."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+
+from .cli_common import EXIT_INTERRUPTED, err_console, guarded, load_models, out_console
+from .cli_options import (
+    CtxOpt,
+    DraftGpuOpt,
+    DraftOpt,
+    ForceOpt,
+    GpuOpt,
+    KOpt,
+    MaxTokOpt,
+    NoColorOpt,
+    NoDraftOpt,
+    OfflineOpt,
+    Options,
+    PMinOpt,
+    SeedOpt,
+    SystemOpt,
+    TargetArg,
+    TempOpt,
+    ThreadsOpt,
+    TopKOpt,
+    TopPOpt,
+    VerboseOpt,
+    parse_k,
+)
+from .errors import BadInput
+
+
+def register(app: typer.Typer) -> None:
+    """Add `run` to the app (called by cli.py)."""
+    app.command("run")(run)
+
+
+@guarded
+def run(
+    target: TargetArg,
+    prompt: Annotated[
+        str | None, typer.Option("--prompt", "-p", help="The prompt; read from stdin when omitted.")
+    ] = None,
+    draft: DraftOpt = None,
+    no_draft: NoDraftOpt = False,
+    k: KOpt = "auto",
+    p_min: PMinOpt = None,
+    temp: TempOpt = 0.0,
+    top_k: TopKOpt = 40,
+    top_p: TopPOpt = 0.95,
+    seed: SeedOpt = None,
+    max_tokens: MaxTokOpt = 256,
+    ctx_size: CtxOpt = 4096,
+    gpu_layers: GpuOpt = None,
+    draft_gpu_layers: DraftGpuOpt = None,
+    threads: ThreadsOpt = None,
+    system: SystemOpt = None,
+    raw: Annotated[
+        bool, typer.Option("--raw", help="Use the prompt as-is, without the chat template.")
+    ] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print one JSON object (text, tokens, sources, stats).")
+    ] = False,
+    no_color: NoColorOpt = False,
+    save_svg: Annotated[
+        Path | None, typer.Option("--save-svg", help="Also save the coloured answer as an SVG picture.")
+    ] = None,
+    offline: OfflineOpt = False,
+    force: ForceOpt = False,
+    verbose: VerboseOpt = False,
+) -> None:
+    """Generate one answer with speculative decoding and show where each token came from.
+
+    Examples:
+
+      specchat run qwen2.5-coder-1.5b --draft qwen2.5-coder-0.5b -p "Write a quicksort in Python"
+
+      cat notes.txt | specchat run ./target.gguf --draft ./draft.gguf --temp 0.7 --seed 1
+
+      specchat run target.gguf --no-draft -p "..." --json     # the plain-decoding baseline
+    """
+    opts = Options(
+        target, drafts=tuple(draft or ()), no_draft=no_draft, k=parse_k(k), p_min=p_min, temperature=temp,
+        top_k=top_k, top_p=top_p, seed=seed, max_tokens=max_tokens, ctx_size=ctx_size, gpu_layers=gpu_layers,
+        draft_gpu_layers=draft_gpu_layers, threads=threads, system=system, offline=offline, force=force,
+        verbose=verbose,
+    )  # fmt: skip
+    if prompt is None:
+        if sys.stdin is None or sys.stdin.isatty():
+            if sys.stdin is None or as_json or raw:
+                raise BadInput("no prompt given", "pass -p TEXT, or pipe the prompt on stdin")
+            from .chat_ui import start_chat  # no prompt on a terminal: open the interactive chat
+
+            return start_chat(opts, no_color=no_color)
+        prompt = sys.stdin.read()
+    if not prompt.strip():
+        raise BadInput("the prompt is empty", "pass -p TEXT, or pipe the prompt on stdin")
+    generate_one(opts, prompt, raw=raw, as_json=as_json, no_color=no_color, save_svg=save_svg)
+
+
+def generate_one(
+    opts: Options, prompt: str, *, raw: bool, as_json: bool, no_color: bool, save_svg: Path | None
+) -> None:
+    """Load, generate one answer to `prompt`, show it (or print it as JSON), and free the models."""
+    import numpy as np
+
+    from . import loader, render, tuning
+    from .speculative import Settings, Tally, generate
+
+    err = err_console()
+    announce = None if as_json else (lambda line: err.print(f"[dim]{escape(line)}[/]"))
+    loaded = load_models(opts.load_config(opts.drafts_to_load(announce)), err, quiet=as_json)
+    try:
+        system = opts.system
+        messages = ([{"role": "system", "content": system}] if system else []) + [
+            {"role": "user", "content": prompt}
+        ]
+        tokens, warning = loader.chat_prompt(loaded.target, messages, raw=raw)
+        for w in [*loaded.warnings, *([warning] if warning else [])]:
+            err.print(f"[yellow]warning:[/] {escape(w)}", highlight=False)
+        planner = tuning.make_planner(loaded, opts.k, seed=opts.seed)
+        rng = np.random.default_rng(opts.seed)
+        tally = Tally()
+        sources = render.sources_for([d.source for d in loaded.drafters])
+        if not as_json and loaded.drafters:
+            err.print(render.legend(sources))
+        gen = generate(
+            loaded.target,
+            tokens,
+            drafters=loaded.drafters,
+            planner=planner,
+            settings=Settings(
+                max_tokens=opts.max_tokens,
+                params=opts.params,
+                tie_margin=loaded.tie_margin,
+                exact_rows=loaded.exact_rows,
+            ),
+            rng=rng,
+            tally=tally,
+        )
+        stream = render.TokenStream(out_console(no_color)) if not as_json else None
+        shown = render.consume(gen, stream, tally)
+        why = getattr(planner, "explain", lambda _names: None)([d.name for d in loaded.drafters])
+        for note in [*shown.notices, *([why] if why and not as_json else [])]:
+            err.print(f"[yellow]note:[/] {escape(note)}", highlight=False, soft_wrap=True)
+        stats = shown.stats
+        if save_svg is not None:
+            from .chat import Turn
+
+            render.export_svg(save_svg, [Turn.from_shown(prompt, shown)], sources=sources, system=system)
+            err.print(f"[dim]saved {escape(str(save_svg))}[/]")
+        if as_json:
+            doc = {
+                "text": shown.text,
+                "prompt_tokens": tokens,
+                "tokens": shown.ids,
+                "sources": shown.sources,
+                "stats": stats.to_dict(),
+                "target": str(loaded.target.path),
+                "drafts": [d.name for d in loaded.drafters],
+            }
+            print(json.dumps(doc, ensure_ascii=False))
+        else:
+            err.print(render.stats_line(stats), soft_wrap=True)
+        if shown.interrupted:
+            raise typer.Exit(EXIT_INTERRUPTED)
+    finally:
+        loaded.close()

@@ -1,0 +1,286 @@
+"""`specchat serve`: the speculative engine behind an OpenAI-compatible HTTP API (see `server/`).
+
+Models are found, fit-checked and loaded exactly as for `run`; then one worker thread generates, uvicorn
+serves HTTP in another, and the main thread waits for Ctrl-C / SIGTERM to stop both in order: stop
+accepting, end the current answer, free the models, exit 0.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from .cli_common import check_range, err_console, guarded, load_models
+from .cli_options import (
+    CtxOpt,
+    DraftGpuOpt,
+    DraftOpt,
+    ForceOpt,
+    GpuOpt,
+    KOpt,
+    NoDraftOpt,
+    OfflineOpt,
+    Options,
+    PMinOpt,
+    SeedOpt,
+    TargetArg,
+    ThreadsOpt,
+    TopKOpt,
+    TopPOpt,
+    VerboseOpt,
+    parse_k,
+)
+from .errors import BadInput
+
+if TYPE_CHECKING:
+    from .loader import Loaded
+    from .server.app import ServerThread
+
+DEFAULT_PORT = 8080
+AUTH_EXAMPLE = "Authorization: Bearer $SPECCHAT_API_KEY"
+
+
+def register(app: typer.Typer) -> None:
+    """Add `serve` to the app (called by cli.py)."""
+    app.command("serve")(serve)
+
+
+@guarded
+def serve(
+    target: TargetArg,
+    draft: DraftOpt = None,
+    no_draft: NoDraftOpt = False,
+    k: KOpt = "auto",
+    p_min: PMinOpt = None,
+    temp: Annotated[
+        float, typer.Option("--temp", help="Temperature for requests that send none; 0 = greedy.")
+    ] = 0.0,
+    top_k: TopKOpt = 40,
+    top_p: TopPOpt = 0.95,
+    seed: SeedOpt = None,
+    max_tokens: Annotated[
+        int | None,
+        typer.Option(
+            "--max-tokens",
+            "-n",
+            help="Token limit for requests that send no max_tokens (default: until the context is full).",
+            show_default=False,
+        ),
+    ] = None,
+    ctx_size: CtxOpt = 4096,
+    gpu_layers: GpuOpt = None,
+    draft_gpu_layers: DraftGpuOpt = None,
+    threads: ThreadsOpt = None,
+    system: Annotated[
+        str | None, typer.Option("--system", help="System prompt for chat requests that send none.")
+    ] = None,
+    host: Annotated[
+        str, typer.Option("--host", help="Address to listen on (0.0.0.0: every interface; use --api-key).")
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", help="Port to listen on (0 = any free one).")] = DEFAULT_PORT,
+    api_key: Annotated[
+        str | None,
+        typer.Option(
+            "--api-key",
+            envvar="SPECCHAT_API_KEY",
+            help="Require `Authorization: Bearer KEY` on every request (but /health).",
+            show_default=False,
+        ),
+    ] = None,
+    queue: Annotated[
+        int, typer.Option("--queue", help="Requests that may wait while one generates; more get HTTP 503.")
+    ] = 8,
+    offline: OfflineOpt = False,
+    force: ForceOpt = False,
+    verbose: VerboseOpt = False,
+) -> None:
+    """Serve an OpenAI-compatible API (/v1/chat/completions, /v1/completions) with speculative decoding.
+
+    Point any OpenAI client at http://HOST:PORT/v1. Each request reuses the KV cache for the prompt
+    prefix it shares with the last one, so a resent conversation decodes only its new tokens.
+    Responses carry `usage` and a `speculative` object; stream chunks say each token's source.
+
+    Examples:
+
+      specchat serve qwen2.5-coder-1.5b
+
+      specchat serve ./target.gguf --draft ngram --port 8000 --api-key secret
+    """
+    opts = Options(
+        target, drafts=tuple(draft or ()), no_draft=no_draft, k=parse_k(k), p_min=p_min, temperature=temp,
+        top_k=top_k, top_p=top_p, seed=seed, max_tokens=max_tokens if max_tokens is not None else ctx_size,
+        ctx_size=ctx_size, gpu_layers=gpu_layers, draft_gpu_layers=draft_gpu_layers, threads=threads,
+        system=system, offline=offline, force=force, verbose=verbose,
+    )  # fmt: skip
+    check_range("--port", port, 0, 65535)
+    check_range("--queue", queue, 0, 10_000)
+    if api_key is not None and not api_key.strip():
+        raise BadInput("--api-key is empty", "give a non-empty key, or leave --api-key out")
+    from .server.app import bind, is_loopback
+
+    err = err_console()
+    if not is_loopback(host) and api_key is None:
+        err.print(
+            f"[yellow]warning:[/] listening on {escape(host)} without --api-key: anyone who can reach "
+            "this machine can use the models",
+            soft_wrap=True,
+        )
+    sock = bind(host, port)  # before the slow load: a port in use is reported at once
+    try:
+        drafts = opts.drafts_to_load(announce=lambda line: err.print(f"[dim]{escape(line)}[/]"))
+        loaded = load_models(opts.load_config(drafts), err)
+        try:
+            _serve_loaded(loaded, opts, sock, host=host, api_key=api_key, queue=queue, err=err)
+        finally:
+            loaded.close()
+    finally:
+        sock.close()
+
+
+def _serve_loaded(
+    loaded: Loaded,
+    opts: Options,
+    sock: object,
+    *,
+    host: str,
+    api_key: str | None,
+    queue: int,
+    err: Console,
+) -> None:
+    """Serve until a signal; the models stay open until both threads have stopped using them."""
+    from .loader import LoadedEngine
+    from .server.api import Defaults
+    from .server.app import ServerThread, create_app
+    from .server.worker import Worker
+
+    for w in loaded.warnings:
+        err.print(f"[yellow]warning:[/] {escape(w)}", highlight=False)
+    with err.status("preparing the cost model…"):
+        worker = Worker(
+            LoadedEngine(loaded, seed=opts.seed),
+            k=opts.k,
+            p_min=opts.p_min,
+            seed=opts.seed,
+            queue_size=queue,
+            log=lambda line: err.print(f"[dim]{escape(line)}[/]", highlight=False, soft_wrap=True),
+        )
+    model = model_id(opts.target, loaded.target.path)
+    drafts = [d.name for d in loaded.drafters]
+    app = create_app(
+        worker,
+        model=model,
+        defaults=Defaults(
+            max_tokens=opts.max_tokens,
+            temperature=opts.temperature,
+            top_k=opts.top_k,
+            top_p=opts.top_p,
+            seed=opts.seed,
+            system=opts.system,
+        ),
+        api_key=api_key,
+        info={
+            "specchat": {"target": str(loaded.target.path), "drafts": drafts, "n_ctx": loaded.target.n_ctx}
+        },
+    )
+    http = ServerThread(app, sock)  # type: ignore[arg-type]
+    worker.start()
+    try:
+        with _stop_requested(http) as stop:
+            http.start()
+            for line in banner(
+                base_url(host, http.port),
+                model,
+                target=str(loaded.target.path),
+                drafts=drafts,
+                k=opts.k,
+                n_ctx=loaded.target.n_ctx,
+                api_key=api_key is not None,
+            ):
+                err.print(line, highlight=False, soft_wrap=True)
+            while not stop.wait(0.5):
+                if not http.alive():
+                    err.print("[red]error:[/] the HTTP server stopped unexpectedly")
+                    break
+            err.print("[dim]stopping: no new requests; ending the current answer…[/]")
+            worker.shutdown()
+            http.stop()
+    finally:
+        worker.shutdown()
+        worker.join()  # the models are freed after this, never while a generation uses them
+    err.print("[dim]stopped[/]")
+
+
+@contextmanager
+def _stop_requested(http: ServerThread) -> Iterator[threading.Event]:
+    """An event set by the first Ctrl-C or SIGTERM; a second one forces the HTTP server down."""
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: object) -> None:
+        if stop.is_set():
+            http.force_stop()
+        stop.set()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield stop
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def model_id(spec: str, path: Path) -> str:
+    """The id clients see (and send back as `model`): a registry alias as given, else the file's stem."""
+    if "/" in spec or "\\" in spec or spec.endswith(".gguf") or spec.startswith("hf:"):
+        return path.stem
+    return spec
+
+
+def base_url(host: str, port: int) -> str:
+    """The URL a client on this machine uses for `host`."""
+    shown = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "[::1]"}.get(host, host)
+    if ":" in shown and not shown.startswith("["):
+        shown = f"[{shown}]"
+    return f"http://{shown}:{port}/v1"
+
+
+def banner(
+    url: str,
+    model: str,
+    *,
+    target: str,
+    drafts: list[str],
+    k: int | None,
+    n_ctx: int,
+    api_key: bool,
+) -> list[str]:
+    """What startup prints (Rich markup): where, what, and a client call to copy."""
+    drafting = f"drafts {', '.join(drafts)} (k {'auto' if k is None else k})" if drafts else "no draft"
+    body = {"model": model, "messages": [{"role": "user", "content": "Write hello world in Python"}]}
+    curl = ["curl", f"{url}/chat/completions", "-H", "Content-Type: application/json"]
+    if api_key:
+        curl += ["-H", AUTH_EXAMPLE]
+    curl += ["-d", json.dumps(body)]
+    key = 'os.environ["SPECCHAT_API_KEY"]' if api_key else '"none"'
+    python = (
+        f'OpenAI(base_url="{url}", api_key={key}).chat.completions.create(model="{model}", '
+        'messages=[{"role": "user", "content": "Write hello world in Python"}])'
+    )
+    # double quotes, so the shell expands the variable
+    curl_line = shlex.join(curl).replace(f"'{AUTH_EXAMPLE}'", f'"{AUTH_EXAMPLE}"')
+    return [
+        f"[bold]specchat serve[/] · [bold cyan]{escape(url)}[/] (OpenAI-compatible)",
+        f"  model [bold]{escape(model)}[/] · {escape(target)} · {escape(drafting)} · context {n_ctx}",
+        f"  [dim]curl:[/]   {escape(curl_line)}",
+        f"  [dim]python:[/] from openai import OpenAI; print({escape(python)}.choices[0].message.content)",
+        "  [dim]Ctrl-C stops the server.[/]",
+    ]

@@ -1,0 +1,11 @@
+"""`specchat serve`: the speculative engine behind an OpenAI-compatible HTTP API.
+
+A thin layer over the same session code the terminal chat uses (`chat.py`: an `Engine` with the GGUF
+chat template, `speculative.generate` with KV prefix reuse); like `render.py` for the terminal, it
+only consumes the loop's events. It never touches llama_cpp.
+
+  api.py     the OpenAI wire format: request parsing and validation, response and chunk bodies, errors
+  stops.py   stop strings: cut at the first one, hold back text that may be the start of one
+  worker.py  the one generation thread, its bounded queue, cancellation and shutdown
+  app.py     Starlette routes, API-key check, server-sent events, uvicorn in a thread
+"""

@@ -1,0 +1,303 @@
+"""The HTTP side: Starlette routes over the worker, the API-key check, server-sent events, uvicorn.
+
+Routes: POST /v1/chat/completions, POST /v1/completions (streamed or not), GET /v1/models, GET
+/health. Every failure a client can cause is JSON in OpenAI's error shape (400 bad input, 401 wrong
+key, 404 unknown route, 503 busy or stopping); an unexpected one is a 500 with the same shape, and
+the server keeps running.
+
+The handler waits for the worker's first message before answering, so a prompt that does not fit is
+a 400 even for a streamed request. While a request waits (queued, or generating without a stream)
+the handler watches for the client hanging up; a stream's hang-up cancels the response task. Either
+way the job is cancelled and the worker stops it within a round.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import ipaddress
+import json
+import socket
+import threading
+import time
+from collections.abc import AsyncIterator, Mapping
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from ..errors import BadInput
+from . import api
+from .api import ApiError, Defaults, Kind, Reply
+from .worker import Delta, Finished, Job, Message, Started, Worker
+
+#: How often a waiting handler checks whether its client is still there (seconds).
+POLL = 0.25
+#: Paths answered without the API key, so a health check needs no secret.
+OPEN_PATHS = frozenset({"/health"})
+
+
+def create_app(
+    worker: Worker,
+    *,
+    model: str,
+    defaults: Defaults,
+    api_key: str | None = None,
+    info: Mapping[str, object] | None = None,
+) -> Starlette:
+    """The ASGI app serving `worker`'s models under the id `model`; `info` goes into /v1/models."""
+    created = int(time.time())
+
+    async def chat_completions(request: Request) -> Response:
+        return await _generate(request, "chat", worker, model, defaults)
+
+    async def completions(request: Request) -> Response:
+        return await _generate(request, "completion", worker, model, defaults)
+
+    async def models(request: Request) -> Response:
+        entry = {"id": model, "object": "model", "created": created, "owned_by": "specchat", **(info or {})}
+        return JSONResponse({"object": "list", "data": [entry]})
+
+    async def health(request: Request) -> Response:
+        return JSONResponse({"status": "ok", "model": model, **worker.status()})
+
+    routes = [
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+    ]
+    return Starlette(
+        routes=routes,
+        middleware=[Middleware(ApiKeyCheck, key=api_key)] if api_key else [],
+        exception_handlers={ApiError: _api_error, HTTPException: _http_error, Exception: _server_error},
+    )
+
+
+async def _generate(request: Request, kind: Kind, worker: Worker, model: str, defaults: Defaults) -> Response:
+    try:
+        raw = await request.body()
+    except ClientDisconnect:  # gone while still sending the body
+        return Response(status_code=204)
+    req = api.parse_request(kind, api.parse_json(raw), defaults)
+    job = Job(req, asyncio.get_running_loop())
+    worker.submit(job)
+    streaming = False
+    try:
+        first = await _next(job, request)  # waits while queued, then the prompt check
+        if first is None:
+            return Response(status_code=204)  # the client left; nobody reads this
+        if isinstance(first, ApiError):
+            raise first
+        reply = Reply.new(kind, model)
+        if req.stream:
+            streaming = True  # the stream owns the job now, and cancels it when it ends
+            return _JobStream(job, _sse(job, reply, include_usage=req.include_usage))
+        pieces: list[str] = []
+        while True:
+            msg = await _next(job, request)
+            if msg is None:
+                return Response(status_code=204)
+            if isinstance(msg, ApiError):
+                raise msg
+            if isinstance(msg, Delta):
+                pieces.extend(t for t, _ in msg.pieces)
+            elif isinstance(msg, Finished):
+                return JSONResponse(reply.body("".join(pieces), msg.finish_reason, msg.stats, msg.cached))
+    finally:
+        if not streaming:
+            job.cancel()  # finished: a no-op; the client left or we failed: stop generating for it
+
+
+async def _next(job: Job, request: Request) -> Message | None:
+    """The job's next message, or None when the client hangs up first."""
+    getter = asyncio.ensure_future(job.out.get())
+    try:
+        while True:
+            done, _ = await asyncio.wait({getter}, timeout=POLL)
+            if done:
+                return getter.result()
+            if await request.is_disconnected():
+                return None
+    finally:
+        if not getter.done():
+            getter.cancel()
+
+
+class _JobStream(StreamingResponse):
+    """A server-sent-event response that cancels its job however it ends: complete, or the client
+    hanging up (Starlette then cancels the response, possibly before the stream even started)."""
+
+    def __init__(self, job: Job, content: AsyncIterator[str]) -> None:
+        super().__init__(content, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        self.job = job
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.job.cancel()
+
+
+async def _sse(job: Job, reply: Reply, *, include_usage: bool) -> AsyncIterator[str]:
+    """Server-sent events: chunks as the worker sends rounds, the final chunk, then [DONE]."""
+    if reply.kind == "chat":
+        yield _event(reply.chunk(first=True))
+    while True:
+        msg = await job.out.get()
+        if isinstance(msg, Delta):
+            yield _event(reply.chunk(msg.pieces))
+        elif isinstance(msg, Finished):
+            yield _event(reply.final_chunk(msg.finish_reason, msg.stats, msg.cached))
+            if include_usage:
+                yield _event(reply.usage_chunk(msg.stats, msg.cached))
+            break
+        elif isinstance(msg, ApiError):  # failed mid-stream: OpenAI sends the error as an event
+            yield _event(msg.body())
+            break
+        elif not isinstance(msg, Started):
+            raise TypeError(f"unexpected message {msg!r}")
+    yield "data: [DONE]\n\n"
+
+
+def _event(obj: object) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+# --- errors and auth -------------------------------------------------------------------------------------
+
+
+def _error_response(err: ApiError) -> JSONResponse:
+    return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
+
+
+async def _api_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ApiError)
+    return _error_response(exc)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    """Starlette's own 404 / 405 in OpenAI's shape."""
+    assert isinstance(exc, HTTPException)
+    if exc.status_code == 404:
+        message = f"no route {request.method} {request.url.path}; this server has /v1/chat/completions, "
+        message += "/v1/completions, /v1/models and /health"
+    else:
+        message = f"{request.method} is not allowed on {request.url.path}"
+    code = "not_found" if exc.status_code == 404 else "method_not_allowed"
+    err = ApiError(message, status=exc.status_code, code=code, headers=exc.headers)
+    return _error_response(err)
+
+
+async def _server_error(request: Request, exc: Exception) -> Response:
+    """A bug or an engine failure: a JSON 500 for the client (uvicorn logs the traceback)."""
+    return _error_response(ApiError(f"internal error: {type(exc).__name__}", status=500, type="server_error"))
+
+
+class ApiKeyCheck:
+    """ASGI middleware: requests without `Authorization: Bearer KEY` get 401 (except OPEN_PATHS)."""
+
+    def __init__(self, app: ASGIApp, key: str) -> None:
+        self.app = app
+        self.expected = f"Bearer {key}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] not in OPEN_PATHS:
+            given = dict(scope.get("headers", [])).get(b"authorization", b"")
+            if not hmac.compare_digest(given, self.expected):
+                err = ApiError(
+                    "missing or wrong API key: send the server's --api-key as `Authorization: Bearer KEY`",
+                    status=401,
+                    code="invalid_api_key",
+                    headers={"WWW-Authenticate": "Bearer"},
+                )
+                await _error_response(err)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+# --- running it ------------------------------------------------------------------------------------------
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` is reachable from this machine only."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """The listening socket, bound now (before models load) so a port in use is reported at once."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        sock = socket.socket(family, kind, proto)
+    except OSError as exc:
+        raise BadInput(f"cannot listen on {host}:{port}: {exc.strerror or exc}", "check --host") from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        raise BadInput(
+            f"cannot listen on {host}:{port}: {exc.strerror or exc}",
+            "pick another --port (0 = any free one), or stop what uses it",
+        ) from None
+    return sock
+
+
+class ServerThread:
+    """uvicorn serving `app` on an already bound socket, in a thread of its own.
+
+    A thread, not the main thread, so that signal handling stays with the caller: `specchat serve`
+    turns Ctrl-C / SIGTERM into an orderly stop (end the answer, exit 0), which uvicorn's own
+    handlers (re-raising the signal after shutdown) would not give. Tests run it the same way.
+    """
+
+    def __init__(self, app: ASGIApp, sock: socket.socket, *, graceful_seconds: float = 10.0) -> None:
+        config = uvicorn.Config(
+            app,
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+            timeout_graceful_shutdown=int(graceful_seconds),
+        )
+        self.sock = sock
+        self.server = uvicorn.Server(config)
+        self._thread = threading.Thread(
+            target=self.server.run, kwargs={"sockets": [sock]}, name="specchat-http", daemon=True
+        )
+
+    @property
+    def port(self) -> int:
+        return int(self.sock.getsockname()[1])
+
+    def start(self, timeout: float = 10.0) -> None:
+        """Start serving; returns once uvicorn accepts connections."""
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self.server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the HTTP server did not start")
+            time.sleep(0.02)
+
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Stop accepting, let open responses finish (within the graceful time), close the socket."""
+        self.server.should_exit = True
+        self._thread.join(timeout)
+        self.sock.close()
+
+    def force_stop(self) -> None:
+        self.server.force_exit = True

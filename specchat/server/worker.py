@@ -1,0 +1,293 @@
+"""The one generation thread: requests run one at a time, in order, on the one model pair.
+
+Why a thread of its own: llama.cpp contexts are not thread-safe, and a generation is seconds of
+blocking native calls that must not stall the HTTP event loop. So every use of the models (template
+rendering, tokenizing, generating) happens here, and the HTTP side only exchanges messages with it:
+it submits a `Job` and reads `Started`, `Delta`, `Finished` or an `ApiError` from the job's asyncio
+queue.
+
+Waiting requests form a bounded queue; beyond it `submit` refuses with 503 and a Retry-After estimate.
+A job is cancelled by its client hanging up or by shutdown: the worker sees it at the next event and
+closes the generator, which leaves both caches holding a prefix of what was committed (see
+speculative.generate), so the next request reuses them safely.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from contextlib import suppress
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from ..chat import Engine, answer_events, follow_temperature
+from ..errors import ContextFull, SpecchatError
+from ..events import Done, Round, Stats, Token
+from ..sampling import SamplingParams
+from ..speculative import Planner, Tally
+from .api import ApiError, GenRequest, finish_reason
+from .stops import Piece, StopFilter
+
+
+class Backend(Engine, Protocol):
+    """What the server needs from the loaded models: a chat `Engine`, plus plain-text prompts for
+    /v1/completions and planners with a seed of their own. `loader.LoadedEngine` is one."""
+
+    def render_text(self, text: str) -> tuple[list[int], str | None]:
+        """Token ids of `text` as a plain prompt; ContextFull when it does not fit."""
+        ...
+
+    def planner(self, k: int | None, *, seed: int | None = None) -> Planner: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Started:
+    """The request's prompt is rendered and fits: generation begins (HTTP 200 can be sent)."""
+
+    prompt_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class Delta:
+    """Text of one round (one target pass), split by token, each piece with its token's source."""
+
+    pieces: tuple[Piece, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    stats: Stats
+    finish_reason: str
+    cached: int  # prompt tokens found in the KV cache (OpenAI's usage.prompt_tokens_details)
+
+
+Message = Started | Delta | Finished | ApiError
+
+
+class Job:
+    """One request between the HTTP side (its own event loop) and the worker thread."""
+
+    def __init__(self, request: GenRequest, loop: asyncio.AbstractEventLoop) -> None:
+        self.request = request
+        self.out: asyncio.Queue[Message] = asyncio.Queue()
+        self._loop = loop
+        self._cancelled = threading.Event()
+
+    def cancel(self) -> None:
+        """Stop this job: before it starts, or within the round it is in."""
+        self._cancelled.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled.is_set()
+
+    def emit(self, message: Message) -> None:
+        """Hand a message to the HTTP side (from the worker thread)."""
+        with suppress(RuntimeError):  # the event loop is closed: nobody is listening any more
+            self._loop.call_soon_threadsafe(self.out.put_nowait, message)
+
+
+def cached_tokens(stats: Stats) -> int:
+    """Prompt tokens the target did not have to decode: all but the prefill and the last prompt token,
+    which the first round always decodes (speculative.generate)."""
+    return max(0, stats.prompt_tokens - 1 - stats.prefill_tokens)
+
+
+class Worker:
+    """Runs jobs one at a time on `backend`. `queue_size` jobs may wait while one runs."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        *,
+        k: int | None = None,
+        p_min: float | None = None,
+        seed: int | None = None,
+        queue_size: int = 8,
+        log: Callable[[str], None] = lambda _line: None,
+    ) -> None:
+        self.backend = backend
+        self.k = k
+        self.p_min = p_min  # None: follows each request's temperature
+        self.queue_size = queue_size
+        self.log = log
+        # one planner for requests without a seed, so what it learns about acceptance carries over
+        self._planner = backend.planner(k) if backend.drafters else None
+        self._rng = np.random.default_rng(seed)
+        self._waiting: deque[Job] = deque()
+        self._current: Job | None = None
+        self._stopping = False
+        self._cond = threading.Condition()
+        self._seconds = 5.0  # running mean of a job's duration, for Retry-After
+        self._thread = threading.Thread(target=self._loop, name="specchat-generate", daemon=True)
+
+    # --- the HTTP side ----------------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, job: Job) -> None:
+        """Queue a job, or refuse it with 503 when the queue is full or the server is stopping."""
+        with self._cond:
+            if self._stopping:
+                raise _shutting_down()
+            busy = self._current is not None
+            if busy + len(self._waiting) >= 1 + self.queue_size:
+                wait = math.ceil(self._seconds * (len(self._waiting) + 1))
+                raise ApiError(
+                    f"the server is busy: one request generating and {len(self._waiting)} waiting "
+                    f"(--queue {self.queue_size}); retry in about {wait} s",
+                    status=503,
+                    type="server_error",
+                    code="queue_full",
+                    headers={"Retry-After": str(max(1, wait))},
+                )
+            self._waiting.append(job)
+            self._cond.notify()
+
+    def status(self) -> dict[str, object]:
+        with self._cond:
+            return {
+                "busy": self._current is not None,
+                "waiting": len(self._waiting),
+                "stopping": self._stopping,
+            }
+
+    def shutdown(self) -> None:
+        """Stop accepting, end the current answer within a round, refuse the waiting ones."""
+        with self._cond:
+            self._stopping = True
+            waiting = list(self._waiting)
+            self._waiting.clear()
+            if self._current is not None:
+                self._current.cancel()
+            self._cond.notify_all()
+        for job in waiting:
+            job.emit(_shutting_down())
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait for the thread to end (after shutdown); True when it has."""
+        if self._thread.ident is not None:
+            self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    # --- the worker thread ------------------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._waiting and not self._stopping:
+                    self._cond.wait()
+                if not self._waiting:
+                    return
+                job = self._current = self._waiting.popleft()
+            start = time.monotonic()
+            try:
+                if not job.cancelled:
+                    self._run(job)
+            except Exception as exc:  # an engine failure: this request fails, the server keeps serving
+                self.log(f"error: generation failed: {exc}")
+                job.emit(ApiError(f"generation failed: {exc}", status=500, type="server_error"))
+            finally:
+                with self._cond:
+                    self._current = None
+                    self._seconds = 0.7 * self._seconds + 0.3 * (time.monotonic() - start)
+
+    def _run(self, job: Job) -> None:
+        req = job.request
+        prompt = self._prompt(job)
+        if prompt is None:
+            return
+        backend = self.backend
+        params = SamplingParams(temperature=req.temperature, top_k=req.top_k, top_p=req.top_p)
+        drafters = list(backend.drafters)
+        follow_temperature(drafters, self.p_min, params)
+        if req.seed is None:
+            planner, rng = self._planner, self._rng
+        else:  # a seeded request repeats: its own planner and sampler, both from the seed
+            planner = backend.planner(self.k, seed=req.seed) if drafters else None
+            rng = np.random.default_rng(req.seed)
+        tally = Tally()
+        events = answer_events(
+            backend,
+            prompt,
+            drafters=drafters,
+            planner=planner,
+            params=params,
+            max_tokens=req.max_tokens,
+            rng=rng,
+            tally=tally,
+        )
+        job.emit(Started(len(prompt)))
+        stops = StopFilter(req.stop)
+        pending: list[Piece] = []
+        stats: Stats | None = None
+        try:
+            for ev in events:
+                if job.cancelled:
+                    break
+                if isinstance(ev, Token):
+                    pending.append((ev.text, ev.source.value))
+                elif isinstance(ev, Round):
+                    self._send(job, stops.feed(pending))
+                    pending = []
+                    if stops.stopped:
+                        break
+                elif isinstance(ev, Done):
+                    stats = ev.stats
+        finally:
+            events.close()  # within the round: caches keep a prefix of what was committed
+        if stats is None:
+            stats = tally.snapshot("stop_string" if stops.stopped else "interrupted")
+        self._send(job, [*stops.feed(pending), *stops.flush()])
+        cached = cached_tokens(stats)
+        job.emit(Finished(stats, finish_reason(stats.stop_reason, stopped_by_string=stops.stopped), cached))
+        self.log(_summary(req, stats, cached))
+
+    def _prompt(self, job: Job) -> list[int] | None:
+        """The request's token ids through the chat template (or as plain text); None after telling
+        the client why not (a prompt beyond the context, a template that refuses the messages)."""
+        req = job.request
+        param = "messages" if req.kind == "chat" else "prompt"
+        try:
+            if req.kind == "chat":
+                tokens, _warning = self.backend.render(list(req.messages))
+            else:
+                tokens, _warning = self.backend.render_text(req.prompt)
+        except ContextFull as exc:
+            job.emit(ApiError(_plain(exc), param=param, code="context_length_exceeded"))
+            return None
+        except SpecchatError as exc:
+            job.emit(ApiError(_plain(exc), param=param))
+            return None
+        return tokens
+
+    @staticmethod
+    def _send(job: Job, pieces: Sequence[Piece]) -> None:
+        if pieces:
+            job.emit(Delta(tuple(pieces)))
+
+
+def _shutting_down() -> ApiError:
+    return ApiError("the server is shutting down", status=503, type="server_error", code="shutting_down")
+
+
+def _plain(err: SpecchatError) -> str:
+    """A SpecchatError's line for an HTTP client (its CLI hints name options, which still helps)."""
+    return f"{err.message} ({err.hint})" if err.hint else err.message
+
+
+def _summary(req: GenRequest, stats: Stats, cached: int) -> str:
+    """One log line per answer: what the loop did, for the person watching the server."""
+    parts = [
+        f"{req.kind}: {stats.prompt_tokens} prompt tokens ({cached} cached)",
+        f"{stats.generated_tokens} generated, {stats.tokens_per_second:.1f} tok/s",
+    ]
+    if stats.drafted:
+        parts.append(f"acceptance {stats.acceptance_rate:.0%}, {stats.tokens_per_pass:.2f} tok/pass")
+    parts.append(stats.stop_reason.replace("_", " "))
+    return " · ".join(parts)
