@@ -47,7 +47,7 @@ def start_chat(opts: Options, *, no_color: bool = False) -> None:
     from .loader import LoadedEngine
 
     err = err_console()
-    drafts = opts.drafts_to_load(announce=lambda line: err.print(f"[dim]{escape(line)}[/]"))
+    drafts = opts.drafts_to_load(announce=lambda line: err.print(f"[dim]{escape(line)}[/]", soft_wrap=True))
     loaded = load_models(opts.load_config(drafts), err)
     try:
         for w in loaded.warnings:
@@ -117,6 +117,7 @@ class ChatUI:
         self.prompt = "\001\x1b[1;36m\002you›\001\x1b[0m\002 " if fancy else "you> "
         self.more = "\001\x1b[2m\002...\001\x1b[0m\002 " if fancy else "... "
         self.sources = render.sources_for([d.source for d in session.engine.drafters])
+        self._advised = False  # the low-acceptance advice is given once per chat
 
     def run(self) -> None:
         self._banner()
@@ -173,6 +174,22 @@ class ChatUI:
             self.console.print("[yellow]stopped[/] [dim](what was shown stays in the conversation)[/]")
         if shown.stats is not None:
             self.console.print(render.stats_line(shown.stats), soft_wrap=True)
+        self._advise()
+
+    def _advise(self) -> None:
+        """Once per chat: say so when the draft model's acceptance over the conversation stays low."""
+        from .events import Source
+        from .tuning import acceptance_advice
+
+        total = self.session.totals()
+        if self._advised or total is None:
+            return
+        engine = self.session.engine
+        models = [d.name for d in engine.drafters if d.source is Source.DRAFT]
+        line = acceptance_advice(total, models, engine.target.name)
+        if line:
+            self._advised = True
+            self.console.print(f"[yellow]note:[/] {escape(line)}", highlight=False, soft_wrap=True)
 
     def command(self, text: str) -> bool:
         """Run a slash command; False means quit."""

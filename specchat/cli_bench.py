@@ -12,6 +12,7 @@ import os
 import platform
 import shlex
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -38,9 +39,10 @@ from .cli_options import (
     default_drafts,
 )
 from .errors import BadInput
+from .llama_ref import find_program
 
 if TYPE_CHECKING:
-    from .bench import BenchPrompt, BenchResult, Config, PreparedPrompt, ServerModel
+    from .bench import BenchPrompt, BenchResult, Config, PreparedPrompt, Reference, ServerModel
     from .loader import Loaded
 
 EXPORT_FORMATS = ("llama-server", "vllm")
@@ -64,6 +66,8 @@ BENCH_HELP = "\n\n".join(
         "specchat bench ./target.gguf --draft ngram --prompts my_prompts.jsonl --json > bench.json",
         "specchat bench qwen2.5-coder-1.5b --draft qwen2.5-coder-0.5b --export llama-server",
         "specchat bench qwen2.5-coder-1.5b --draft ngram --export vllm",
+        "specchat bench qwen2.5-coder-1.5b --prompts tests/perf/copy_prompts.jsonl "
+        "--llama-cpp ~/llama.cpp/build/bin",
     ]
 )
 
@@ -127,6 +131,15 @@ def bench(
     no_audit: Annotated[
         bool, typer.Option("--no-audit", help="Skip the exactness audit (saves one decode per output token).")
     ] = False,
+    llama_cpp: Annotated[
+        Path | None,
+        typer.Option(
+            "--llama-cpp",
+            metavar="DIR",
+            help="Also run llama.cpp's own n-gram modes (llama-speculative-simple from DIR) on the same "
+            "prompts, interleaved, and report them as ratios to plain decoding in the same run.",
+        ),
+    ] = None,
     offline: OfflineOpt = False,
     force: ForceOpt = False,
     verbose: VerboseOpt = False,
@@ -158,24 +171,19 @@ def bench(
         return
     if not drafts:
         raise BadInput("nothing to compare plain decoding with", "give --draft MODEL and/or --draft ngram")
+    ref_exe = find_program(llama_cpp) if llama_cpp is not None else None  # before any slow load
 
     loaded = load_models(opts.load_config(drafts), err)
     try:
         prepared = _prepare(loaded, suite, max_tokens, err)
         if fixed_ks is None:
-            fixed_ks = core.exact_ks(core.DEFAULT_KS, loaded.exact_rows)
-            left = sorted(set(core.DEFAULT_KS) - set(fixed_ks))
-            if left:
-                err.print(
-                    f"note: fixed k={','.join(map(str, left))} left out: verify batches over "
-                    f"{loaded.exact_rows} rows are not bit-exact on this backend, so their greedy output "
-                    "could differ from the target's own; --ks measures them anyway",
-                    highlight=False,
-                    soft_wrap=True,
-                )
+            fixed_ks = core.DEFAULT_KS  # batches beyond the bit-exact size verify with the tie margin
         configs = core.default_configs([d.name for d in loaded.drafters], fixed_ks)
         meta = _meta(loaded, drafts)
-        result = _run_with_progress(loaded, prepared, configs, max_tokens, repeats, not no_audit, meta, err)
+        refs = _references(ref_exe, loaded, max_tokens, opts) if ref_exe is not None else {}
+        result = _run_with_progress(
+            loaded, prepared, configs, max_tokens, repeats, not no_audit, meta, err, refs
+        )
         loaded_margin = loaded.tie_margin
     finally:
         loaded.close()
@@ -220,6 +228,28 @@ def _save(path: str, doc: str) -> None:
             f.write(doc + "\n")
     except OSError as exc:
         raise BadInput(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+def _references(exe: Path, loaded: Loaded, max_tokens: int, opts: Options) -> dict[str, Reference]:
+    """llama.cpp's n-gram modes as bench references: each runs its program on the prompt's text as
+    specchat decodes it (template applied, special tokens written out), with the same threads."""
+    from .hardware import physical_cores
+    from .llama_ref import REFERENCE_MODES, run_reference
+
+    target = loaded.target
+    threads = opts.threads or physical_cores()
+
+    def make(mode: tuple[str, ...]) -> Reference:
+        def ref(prompt: PreparedPrompt) -> tuple[float, float]:
+            run = run_reference(
+                exe, target.path, target.detokenize(prompt.tokens), mode,
+                max_tokens=max_tokens, threads=threads, ctx_size=opts.ctx_size,
+            )  # fmt: skip
+            return run.tokens_per_second, run.acceptance_rate
+
+        return ref
+
+    return {name: make(mode) for name, mode in REFERENCE_MODES.items()}
 
 
 def bench_drafts(target: str) -> tuple[str, ...]:
@@ -285,6 +315,7 @@ def _run_with_progress(
     audit: bool,
     meta: dict[str, object],
     err: Console,
+    references: dict[str, Reference] | None = None,
 ) -> BenchResult:
     """Run the benchmark with a progress bar on stderr when it is a terminal (silent otherwise)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -304,6 +335,7 @@ def _run_with_progress(
             progress=progress,
             tie_margin=loaded.tie_margin,
             exact_rows=loaded.exact_rows,
+            references=references,
         )
 
     if not err.is_terminal:
@@ -466,6 +498,33 @@ def prompt_table(result: BenchResult) -> Table:
     return t
 
 
+def reference_table(result: BenchResult) -> Table | Text:
+    """llama.cpp's own modes on the same prompts (--llama-cpp): speedup vs plain from the same run,
+    and how specchat's auto configurations compare with the best of them on each prompt."""
+    if not result.references:
+        return Text("")
+    names = list(dict.fromkeys(r.name for r in result.references))
+    t = Table(
+        title="llama.cpp on the same prompts (speedup vs specchat plain, same run)", title_justify="left"
+    )
+    t.add_column("config", no_wrap=True)
+    for p in result.prompts:
+        t.add_column(p.name, justify="right")
+    refs = {(r.prompt, r.name): r for r in result.references}
+    for name in names:
+        t.add_row(name, *(_x(refs[(p.name, name)].speedup) for p in result.prompts))
+    best = {p.name: max(refs[(p.name, n)].tokens_per_second for n in names) for p in result.prompts}
+    for cfg in result.configs:
+        if cfg.auto:
+            cells = [result.cell(p.name, cfg.name) for p in result.prompts]
+            t.add_row(
+                f"{cfg.name} vs best llama.cpp",
+                *(_x(c.tokens_per_second / best[p.name] if best[p.name] > 0 else None)
+                  for c, p in zip(cells, result.prompts, strict=True)),
+            )  # fmt: skip
+    return t
+
+
 def bar(value: float, scale: float, width: int = BAR_WIDTH) -> str:
     """A horizontal bar of `value / scale * width` cells, in eighths of a cell."""
     eighths = max(0, round(value / scale * width * 8)) if scale > 0 else 0
@@ -572,6 +631,7 @@ def render_report(result: BenchResult, console: Console) -> None:
             Text(""),
             prompt_table(result),
             Text(""),
+            reference_table(result),
             speedup_chart(result),
             audit_text(result),
             prediction_table(result),

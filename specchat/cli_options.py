@@ -106,17 +106,21 @@ def parse_k(k: str) -> int | None:
 
 
 def default_drafts(target: str) -> tuple[str, ...]:
-    """The drafts a target gets when the user names none: the registry's recommended draft model.
+    """The drafts a target gets when the user names none: the registry's recommended draft model
+    and n-gram prompt lookup, routed per round by the auto planner.
 
-    The one place that decides it, for every command (`bench` adds `ngram` to whatever this returns).
-    hf: and ORG/REPO:QUANT targets that are in the registry count too, since `resolve` finds their alias.
+    Both, because they win on different text: n-gram lookup is free and right on whatever copies
+    the context (edits, rewrites, chat revisions), a draft model on fresh text where the verify batch
+    is cheap (GPU/Metal). The planner drafts with neither where neither pays. A target outside the
+    registry gets n-gram lookup alone. The one place that decides it, for every command. hf: and
+    ORG/REPO:QUANT targets that are in the registry count too, since `resolve` finds their alias.
     """
     from .registry import load_registry, resolve
 
     reg = load_registry()
     ref = resolve(target, reg)
     rec = reg.recommended_draft(ref.alias) if ref.alias else None
-    return (rec,) if rec else ()
+    return (rec, NGRAM) if rec else (NGRAM,)
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,8 +185,12 @@ class Options:
         if self.drafts:
             return tuple(dict.fromkeys(self.drafts))  # a drafter given twice is loaded once
         chosen = default_drafts(self.target)
-        if chosen and announce is not None:
-            announce(f"using the recommended draft {' + '.join(chosen)} (--no-draft for plain decoding)")
+        models = [d for d in chosen if d != NGRAM]
+        if models and announce is not None:  # a draft model the user did not name: say which
+            announce(
+                f"using the recommended draft {' + '.join(models)} and n-gram lookup where they pay "
+                "(--no-draft for plain decoding)"
+            )
         return chosen
 
     def load_config(self, drafts: tuple[str, ...]) -> LoadConfig:

@@ -115,7 +115,7 @@ def generate_one(
     from .speculative import Settings, Tally, generate
 
     err = err_console()
-    announce = None if as_json else (lambda line: err.print(f"[dim]{escape(line)}[/]"))
+    announce = None if as_json else (lambda line: err.print(f"[dim]{escape(line)}[/]", soft_wrap=True))
     loaded = load_models(opts.load_config(opts.drafts_to_load(announce)), err, quiet=as_json)
     try:
         system = opts.system
@@ -126,6 +126,9 @@ def generate_one(
         for w in [*loaded.warnings, *([warning] if warning else [])]:
             err.print(f"[yellow]warning:[/] {escape(w)}", highlight=False)
         planner = tuning.make_planner(loaded, opts.k, seed=opts.seed)
+        if opts.verbose:
+            for line in tuning.calibration_report(planner):
+                err.print(f"[dim]{escape(line)}[/]", highlight=False, soft_wrap=True)
         rng = np.random.default_rng(opts.seed)
         tally = Tally()
         sources = render.sources_for([d.source for d in loaded.drafters])
@@ -148,7 +151,8 @@ def generate_one(
         stream = render.TokenStream(out_console(no_color)) if not as_json else None
         shown = render.consume(gen, stream, tally)
         why = getattr(planner, "explain", lambda _names: None)([d.name for d in loaded.drafters])
-        for note in [*shown.notices, *([why] if why and not as_json else [])]:
+        advice = tuning.acceptance_advice(shown.stats, [m.name for m in loaded.draft_models], opts.target)
+        for note in [*shown.notices, *(n for n in (why, advice) if n and not as_json)]:
             err.print(f"[yellow]note:[/] {escape(note)}", highlight=False, soft_wrap=True)
         stats = shown.stats
         if save_svg is not None:

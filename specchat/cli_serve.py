@@ -137,7 +137,9 @@ def serve(
         )
     sock = bind(host, port)  # before the slow load: a port in use is reported at once
     try:
-        drafts = opts.drafts_to_load(announce=lambda line: err.print(f"[dim]{escape(line)}[/]"))
+        drafts = opts.drafts_to_load(
+            announce=lambda line: err.print(f"[dim]{escape(line)}[/]", soft_wrap=True)
+        )
         loaded = load_models(opts.load_config(drafts), err)
         try:
             _serve_loaded(loaded, opts, sock, host=host, api_key=api_key, queue=queue, err=err)

@@ -47,6 +47,10 @@ class Round:
     route: str | None = None  # the drafter's context class this round (Drafter.route)
     proposed: int | None = None  # draft tokens in the verify batch (None: `drafted`); batch = this + 1
     catch_up_seconds: float = 0.0  # part of draft_seconds spent catching the draft's cache up
+    margin_rows: int = 0  # rows judged with the tie margin (a near-tie there stopped the walk)
+    drifted: int = 0  # tokens this round left in the target cache with batched, not one-token, K/V
+    repaired: int = 0  # tokens re-decoded in exact batches after a near-tie on a drifted cache
+    repair_seconds: float = 0.0  # time of that repair (not part of `seconds`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +109,7 @@ class Stats:
     k_history: tuple[int, ...] = ()
     rechecked: int = 0  # near-tie positions re-evaluated one token alone (Settings.tie_margin)
     routes: tuple[RouteStats, ...] = ()
+    repaired: int = 0  # tokens re-decoded after near-ties on a drifted cache (speculative.generate)
 
     @property
     def tokens_per_second(self) -> float:
@@ -142,6 +147,7 @@ class Stats:
             "drafted_by_position": list(self.drafted_by_position),
             "k_history": list(self.k_history),
             "rechecked": self.rechecked,
+            "repaired": self.repaired,
             "drafters": [
                 {
                     "name": d.name,

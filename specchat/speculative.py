@@ -102,11 +102,13 @@ class Tally:
     k_history: list[int] = field(default_factory=list)
     drafters: dict[str, DrafterStats] = field(default_factory=dict)
     rechecked: int = 0
+    repaired: int = 0
     routes: dict[tuple[str, str | None], RouteStats] = field(default_factory=dict)
 
     def add_round(self, rnd: Round) -> None:
         self.passes += 1
         self.rechecked += rnd.recheck
+        self.repaired += rnd.repaired
         self.drafted += rnd.drafted
         self.accepted += rnd.accepted
         self.k_history.append(rnd.k)
@@ -152,6 +154,7 @@ class Tally:
             drafters=tuple(self.drafters.values()),
             k_history=tuple(self.k_history),
             rechecked=self.rechecked,
+            repaired=self.repaired,
             routes=tuple(self.routes.values()),
         )
 
@@ -196,6 +199,10 @@ def generate(
     n_prompt = len(prompt)
     margin = settings.tie_margin if params.greedy else 0.0
     recheck = False  # the last round stopped at a near-tie: evaluate the next token alone
+    # first committed position whose K/V a non-exact batch wrote (None: the cache is what one-token
+    # decoding would hold). Such K/V differ from one-token ones in the last bits, and so do the
+    # logits of every later row, a single token included: see the repair below
+    drift_from: int | None = None
     tally.prompt_tokens = n_prompt
 
     t0 = time.perf_counter()
@@ -232,13 +239,22 @@ def generate(
             t_verify = time.perf_counter()
             rows = target.decode([committed[-1], *proposal.tokens], range(n_draft + 1))
             # a one-token batch is evaluated exactly as plain decoding does, and so is one within the
-            # measured exact batch size: no margin needed there
+            # measured exact batch size: no margin needed there -- unless earlier batches left K/V
+            # in the cache that one-token decoding would not have written
             exact = n_draft == 0 or n_draft + 1 <= settings.exact_rows
-            new, n_ok, judged = _verify(rows, proposal, params, rng, target.n_vocab, 0.0 if exact else margin)
+            m = margin if (not exact or drift_from is not None) else 0.0
+            new, n_ok, judged = _verify(rows, proposal, params, rng, target.n_vocab, m)
             recheck = len(new) == n_ok  # stopped at a near-tie: no target token was decided
             # the cache holds committed[:-1] + [last] + drafts; afterwards it must hold the new
             # committed[:-1]: committed + accepted drafts, minus one when no target token followed them
-            target.truncate(len(committed) + n_ok - recheck)
+            start, keep = len(committed) - 1, len(committed) + n_ok - recheck
+            target.truncate(keep)
+            drifted = 0
+            if not exact and margin > 0.0 and keep > start:
+                drifted = keep - start
+                drift_from = start if drift_from is None else min(drift_from, start)
+            if drift_from is not None and drift_from >= keep:
+                drift_from = None
             ended = False
             emitted = 0
             for i, tok in enumerate(new):
@@ -254,6 +270,15 @@ def generate(
                 else:
                     yield Token(tok, detok.piece(tok), _target_source(judged, n_ok))
             now = time.perf_counter()
+            repaired, repair_s = 0, 0.0
+            if recheck and drift_from is not None:
+                # a near-tie on a drifted cache: the one-token re-check would still see batched K/V,
+                # so first rewrite them as one-token decoding does (exact-size batches are
+                # bit-identical to it), then the next round decides this position exactly
+                repaired = len(committed) - 1 - drift_from
+                _repair(target, committed, drift_from, max(1, settings.exact_rows))
+                drift_from = None
+                repair_s = time.perf_counter() - now
             rnd = Round(
                 drafter=drafter.name if drafter is not None else None,
                 k=k if drafter is not None else 0,
@@ -266,7 +291,12 @@ def generate(
                 route=routes[which] if drafter is not None and which is not None else None,
                 proposed=n_draft,
                 catch_up_seconds=proposal.catch_up_seconds,
+                margin_rows=(judged + (not recheck)) if m > 0.0 else 0,
+                drifted=drifted,
+                repaired=repaired,
+                repair_seconds=repair_s,
             )
+            now += repair_s
             tally.decode_seconds = now - t_decode
             tally.add_round(rnd)
             planner.observe(rnd, which if drafter is not None else None)
@@ -286,6 +316,15 @@ def generate(
     if tail:
         yield Notice(f"output ended inside a multi-byte character: {tail!r}")
     yield Done(tally.snapshot(stop))
+
+
+def _repair(target: Model, committed: Sequence[int], start: int, rows: int) -> None:
+    """Re-decode committed[start:-1] in batches of at most `rows` (the exact batch size), so the
+    target cache holds exactly the K/V one-token decoding writes."""
+    target.truncate(start)
+    end = len(committed) - 1
+    for i in range(start, end, rows):
+        target.decode(committed[i : min(i + rows, end)], [])
 
 
 def _target_source(n_draft: int, n_ok: int) -> Source:

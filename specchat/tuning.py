@@ -46,6 +46,10 @@ EMA = 0.1  # weight of a new timing measurement
 VERIFY_SIZES: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 24, 32, 49)
 #: prior for the share of verify rows that fall within the tie margin (re-checked one token alone)
 TIE_PRIOR = (1.0, 99.0)
+#: strength (in tokens) of the prior on what drifted K/V cost later (AutoPlanner.drift_cost), and
+#: the share of drifted tokens it assumes a near-tie will have re-decoded
+DRIFT_PRIOR_TOKENS = 30.0
+DRIFT_PRIOR_SHARE = 0.25
 #: batch size whose per-token cost prices a draft model's catching up (Drafter.lag)
 CATCH_UP_BATCH = 16
 #: live rounds must have seen a batch size this often before their timing replaces calibration's
@@ -140,18 +144,23 @@ def best_k(
     tie: float = 0.0,
     exact_n: int = 0,
     overhead: float = 0.0,
+    drift_cost: float = 0.0,
 ) -> tuple[int, float]:
     """(k, tokens/second) maximising E(k)/(k·draft_cost + V(k+1)); k = 0 is plain decoding.
 
     Batches beyond `exact_n` rows are not bit-identical to one-token decoding, so their rows decide
     a token only outside the tie margin: E(k) then counts a row's chance `tie` of stopping the round,
     and the cost counts the one-token round that re-checks it. `overhead` is a fixed cost of drafting
-    at all this round (a draft model catching up on the tokens other drafters committed)."""
+    at all this round (a draft model catching up on the tokens other drafters committed).
+    `drift_cost` is the expected cost per token a non-exact batch leaves in the cache: its K/V
+    are not what one-token decoding writes, so a later near-tie has them re-decoded exactly."""
     best, best_speed = 0, 1.0 / v[0]
     for k in range(1, len(rates) + 1):
-        t = tie if k + 1 > exact_n else 0.0
+        inexact = k + 1 > exact_n
+        t = tie if inexact else 0.0
         e, p_tie = round_value(rates[:k], t)
-        speed = (e + p_tie) / (overhead + k * draft_cost + v[k] + p_tie * v[0])
+        drift = e * drift_cost if inexact else 0.0
+        speed = (e + p_tie) / (overhead + k * draft_cost + v[k] + p_tie * v[0] + drift)
         if speed > best_speed:
             best, best_speed = k, speed
     return best, best_speed
@@ -195,6 +204,11 @@ class AutoPlanner:
         self.priors = list(priors)
         self.acc: dict[tuple[int, str | None], _Acceptance] = {}
         self.ties = list(TIE_PRIOR)  # decayed counts: [rows within the margin, rows outside it]
+        # decayed [repair seconds, drifted tokens]: what a token left with batched K/V costs later.
+        # Prior: a quarter of them re-decoded at the exact batch's per-token cost (none when the
+        # exact batch size was never measured: nothing is known about the backend's rounding)
+        per = costs.v(costs.exact_n) / costs.exact_n if costs.exact_n >= 1 and costs.verify else 0.0
+        self.drift = [DRIFT_PRIOR_TOKENS * per * DRIFT_PRIOR_SHARE, DRIFT_PRIOR_TOKENS]
         self.rng = rng if rng is not None else np.random.default_rng(0)
         self.explore = explore
         self.learn_costs = learn_costs  # off under --seed: timing noise must not change the choices
@@ -213,6 +227,11 @@ class AutoPlanner:
     @property
     def tie_rate(self) -> float:
         return self.ties[0] / (self.ties[0] + self.ties[1])
+
+    @property
+    def drift_cost(self) -> float:
+        """Seconds a token left with batched K/V costs later, on average (repairs / drifted)."""
+        return self.drift[0] / self.drift[1] if self.drift[1] > 0 else 0.0
 
     def _verify_curve(self, k_max: int) -> list[float]:
         # how far the live machine has moved from calibration, over every size seen often enough
@@ -236,7 +255,12 @@ class AutoPlanner:
         """Whether this drafter could beat plain decoding even if every draft were accepted."""
         v = self._verify_curve(self.k_max)
         k, _ = best_k(
-            [1.0] * self.k_max, v, self.costs.draft[drafter], tie=self.tie_rate, exact_n=self.costs.exact_n
+            [1.0] * self.k_max,
+            v,
+            self.costs.draft[drafter],
+            tie=self.tie_rate,
+            exact_n=self.costs.exact_n,
+            drift_cost=self.drift_cost,
         )
         return k > 0
 
@@ -271,7 +295,13 @@ class AutoPlanner:
             lag = lags[i] if i < len(lags) else 0
             catch = self.costs.catch_up[i] if i < len(self.costs.catch_up) else 0.0
             k, speed = best_k(
-                rates, v, self.costs.draft[i], tie=tie, exact_n=self.costs.exact_n, overhead=lag * catch
+                rates,
+                v,
+                self.costs.draft[i],
+                tie=tie,
+                exact_n=self.costs.exact_n,
+                overhead=lag * catch,
+                drift_cost=self.drift_cost,
             )
             if k > 0 and speed > best_speed:
                 self.last_choice, best_speed = (i, k), speed
@@ -288,11 +318,13 @@ class AutoPlanner:
                 self.costs.verify[n - 1] = verify_s
             self.costs.verify[n - 1] += weight * (verify_s - self.costs.verify[n - 1])
             self.seen[n - 1] += 1
+        if rnd.margin_rows > 0:  # rows judged with the tie margin: how often one stopped the walk
+            within, outside = int(rnd.recheck), rnd.margin_rows - int(rnd.recheck)
+            self.ties = [self.ties[0] * 0.995 + within, self.ties[1] * 0.995 + outside]
+        if rnd.drifted or rnd.repaired:
+            self.drift = [self.drift[0] * 0.995 + rnd.repair_seconds, self.drift[1] * 0.995 + rnd.drifted]
         if drafter is None:
             return
-        if n > self.costs.exact_n:  # rows judged with the tie margin: how often it stopped the walk
-            within, outside = rnd.recheck, rnd.accepted + 1 - rnd.recheck
-            self.ties = [self.ties[0] * 0.995 + within, self.ties[1] * 0.995 + outside]
         self.acceptance(drafter, rnd.route).observe(rnd.drafted, rnd.accepted)
         drafting = rnd.draft_seconds - rnd.catch_up_seconds  # catching up is priced separately
         if self.learn_costs and proposed > 0 and drafting > 0:
@@ -632,3 +664,22 @@ def acceptance_advice(
                 f"a same-family draft usually does much better: specchat models --drafts-for {target}"
             )
     return None
+
+
+def calibration_report(planner: object) -> list[str]:
+    """What `--verbose` says about the cost model: what calibration had to do, and the verify curve
+    it plans with (as multiples of one token), so a user can see why auto drafts as far as it does."""
+    costs = getattr(planner, "costs", None)
+    if not isinstance(costs, Costs):
+        return []
+    v1 = costs.v(1)
+    sizes = [n for n in (2, 3, 4, 8, 16, 32, 49) if n <= len(costs.verify)]
+    curve = ", ".join(f"V({n}) {costs.v(n) / v1:.2f}x" for n in sizes)
+    lines = [
+        *costs.notes,
+        f"cost model: V(1) {v1 * 1000:.1f} ms, {curve}; bit-exact up to {costs.exact_n} rows",
+    ]
+    drafts = [f"{c / v1:.2f}x" for c in costs.draft if c > 0]
+    if drafts:
+        lines.append(f"cost model: a draft-model token costs {', '.join(drafts)} of a target token")
+    return lines
