@@ -344,6 +344,7 @@ def generate_once(
     max_tokens: int,
     tie_margin: float = 0.0,
     exact_rows: int = 0,
+    strict: bool = False,
 ) -> tuple[tuple[int, ...], Stats]:
     """One greedy generation from empty caches: (output tokens, stats)."""
     _reset(target, drafters)
@@ -359,6 +360,7 @@ def generate_once(
             params=SamplingParams(temperature=0.0),
             tie_margin=tie_margin,
             exact_rows=exact_rows,
+            strict=strict,
         ),
         rng=np.random.default_rng(0),
     )
@@ -876,6 +878,7 @@ def run_bench(
     tie_margin: float = 0.0,
     exact_rows: int = 0,
     references: dict[str, Reference] | None = None,
+    strict: bool = False,
 ) -> BenchResult:
     """Measure every configuration on every prompt, interleaved; audit; predict. Prints nothing.
 
@@ -910,6 +913,7 @@ def run_bench(
                 min(WARMUP_TOKENS, max_tokens),
                 tie_margin,
                 exact_rows,
+                strict,
             )
             done += 1
 
@@ -922,7 +926,7 @@ def run_bench(
                 report(done, total, f"{prompt.name} · {cfg.name} · run {rep + 1}/{repeats}")
                 planner = make(cfg)  # built outside the timed loop
                 out, stats = generate_once(
-                    target, drafters, cfg, prompt.tokens, planner, max_tokens, tie_margin, exact_rows
+                    target, drafters, cfg, prompt.tokens, planner, max_tokens, tie_margin, exact_rows, strict
                 )
                 measurements.append(Measurement(prompt.name, cfg.name, rep, out, stats))
                 done += 1

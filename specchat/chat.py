@@ -93,6 +93,7 @@ def answer_events(
             params=params,
             tie_margin=engine.tie_margin,
             exact_rows=engine.exact_rows,
+            strict=bool(getattr(engine, "strict", False)),
         ),
         rng=rng,
         tally=tally,

@@ -33,6 +33,7 @@ from .cli_options import (
     OfflineOpt,
     Options,
     PMinOpt,
+    StrictOpt,
     TargetArg,
     ThreadsOpt,
     VerboseOpt,
@@ -142,6 +143,7 @@ def bench(
     ] = None,
     offline: OfflineOpt = False,
     force: ForceOpt = False,
+    strict: StrictOpt = False,
     verbose: VerboseOpt = False,
 ) -> None:
     """Measure plain vs speculative decoding side by side, check exactness, predict GPU speedups.
@@ -154,7 +156,7 @@ def bench(
     opts = Options(
         target, drafts=tuple(draft or ()), p_min=p_min, max_tokens=max_tokens, ctx_size=ctx_size,
         gpu_layers=gpu_layers, draft_gpu_layers=draft_gpu_layers, threads=threads, offline=offline,
-        force=force, verbose=verbose,
+        force=force, strict=strict, verbose=verbose,
     )  # fmt: skip
     check_range("--repeats", repeats, 1, 100)
     fixed_ks = core.parse_ks(ks) if ks is not None else None
@@ -336,6 +338,7 @@ def _run_with_progress(
             tie_margin=loaded.tie_margin,
             exact_rows=loaded.exact_rows,
             references=references,
+            strict=loaded.strict,
         )
 
     if not err.is_terminal:

@@ -19,6 +19,7 @@ from .cli_options import (
     Options,
     PMinOpt,
     SeedOpt,
+    StrictOpt,
     SystemOpt,
     TargetArg,
     TempOpt,
@@ -59,6 +60,7 @@ def chat(
     ] = False,
     offline: OfflineOpt = False,
     force: ForceOpt = False,
+    strict: StrictOpt = False,
     verbose: VerboseOpt = False,
 ) -> None:
     """Chat with a local model in the terminal; tokens are coloured by where they came from.
@@ -78,6 +80,6 @@ def chat(
         target, drafts=tuple(draft or ()), no_draft=no_draft, k=parse_k(k), p_min=p_min, temperature=temp,
         top_k=top_k, top_p=top_p, seed=seed, max_tokens=max_tokens, ctx_size=ctx_size, gpu_layers=gpu_layers,
         draft_gpu_layers=draft_gpu_layers, threads=threads, system=system, offline=offline, force=force,
-        verbose=verbose,
+        strict=strict, verbose=verbose,
     )  # fmt: skip
     start_chat(opts, no_color=no_color)

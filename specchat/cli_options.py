@@ -86,6 +86,17 @@ OfflineOpt = Annotated[
 ForceOpt = Annotated[
     bool, typer.Option("--force", help="Load even if the fit check says the models will not fit.")
 ]
+StrictOpt = Annotated[
+    bool,
+    typer.Option(
+        "--strict",
+        help="Greedy output equal to --no-draft token for token. Without it, a long verify batch "
+        "(cheap on CPUs from 4 rows, the only kind on GPUs) leaves K/V that round differently from "
+        "one-token decoding, which can tip a near-tie (a top-2 logit gap of ~0.3 or less), as in "
+        "llama.cpp's own speculative modes; --strict re-decodes them before such a choice, at a cost "
+        "where near-ties are common.",
+    ),
+]
 VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Show llama.cpp's log and tracebacks.")]
 NoColorOpt = Annotated[
     bool,
@@ -149,6 +160,7 @@ class Options:
     offline: bool = False
     force: bool = False
     verbose: bool = False
+    strict: bool = False
 
     def __post_init__(self) -> None:
         """Check every number before anything slow happens, with the option's name in the message."""
@@ -207,6 +219,7 @@ class Options:
             p_min=self.draft_p_min,
             offline=self.offline or None,
             force=self.force,
+            strict=self.strict,
             verbose=self.verbose,
             fixed_k=self.k is not None,
         )

@@ -25,6 +25,7 @@ from .cli_options import (
     Options,
     PMinOpt,
     SeedOpt,
+    StrictOpt,
     SystemOpt,
     TargetArg,
     TempOpt,
@@ -74,6 +75,7 @@ def run(
     ] = None,
     offline: OfflineOpt = False,
     force: ForceOpt = False,
+    strict: StrictOpt = False,
     verbose: VerboseOpt = False,
 ) -> None:
     """Generate one answer with speculative decoding and show where each token came from.
@@ -90,7 +92,7 @@ def run(
         target, drafts=tuple(draft or ()), no_draft=no_draft, k=parse_k(k), p_min=p_min, temperature=temp,
         top_k=top_k, top_p=top_p, seed=seed, max_tokens=max_tokens, ctx_size=ctx_size, gpu_layers=gpu_layers,
         draft_gpu_layers=draft_gpu_layers, threads=threads, system=system, offline=offline, force=force,
-        verbose=verbose,
+        strict=strict, verbose=verbose,
     )  # fmt: skip
     if prompt is None:
         if sys.stdin is None or sys.stdin.isatty():
@@ -144,6 +146,7 @@ def generate_one(
                 params=opts.params,
                 tie_margin=loaded.tie_margin,
                 exact_rows=loaded.exact_rows,
+                strict=loaded.strict,
             ),
             rng=rng,
             tally=tally,

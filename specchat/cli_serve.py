@@ -33,6 +33,7 @@ from .cli_options import (
     Options,
     PMinOpt,
     SeedOpt,
+    StrictOpt,
     TargetArg,
     ThreadsOpt,
     TopKOpt,
@@ -102,6 +103,7 @@ def serve(
     ] = 8,
     offline: OfflineOpt = False,
     force: ForceOpt = False,
+    strict: StrictOpt = False,
     verbose: VerboseOpt = False,
 ) -> None:
     """Serve an OpenAI-compatible API (/v1/chat/completions, /v1/completions) with speculative decoding.
@@ -120,7 +122,7 @@ def serve(
         target, drafts=tuple(draft or ()), no_draft=no_draft, k=parse_k(k), p_min=p_min, temperature=temp,
         top_k=top_k, top_p=top_p, seed=seed, max_tokens=max_tokens if max_tokens is not None else ctx_size,
         ctx_size=ctx_size, gpu_layers=gpu_layers, draft_gpu_layers=draft_gpu_layers, threads=threads,
-        system=system, offline=offline, force=force, verbose=verbose,
+        system=system, offline=offline, force=force, strict=strict, verbose=verbose,
     )  # fmt: skip
     check_range("--port", port, 0, 65535)
     check_range("--queue", queue, 0, 10_000)

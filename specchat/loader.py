@@ -41,6 +41,8 @@ class LoadConfig:
     verbose: bool = False
     #: drafting is forced to a fixed -k N (kept for callers; the target loads the same either way)
     fixed_k: bool = False
+    #: --strict: greedy output equal to one-token decoding token for token (speculative.Settings)
+    strict: bool = False
 
 
 @dataclass(slots=True)
@@ -51,6 +53,7 @@ class Loaded:
     draft_models: list[LlamaModel] = field(default_factory=list)
     tie_margin: float = 0.0  # greedy verification: see speculative.Settings
     exact_rows: int = 0  # ditto
+    strict: bool = False  # ditto
 
     def close(self) -> None:
         for m in self.draft_models:
@@ -81,6 +84,10 @@ class LoadedEngine:
     @property
     def exact_rows(self) -> int:
         return self.loaded.exact_rows
+
+    @property
+    def strict(self) -> bool:
+        return self.loaded.strict
 
     def render(self, messages: Sequence[dict[str, str]]) -> tuple[list[int], str | None]:
         return chat_prompt(self.loaded.target, messages)
@@ -146,7 +153,7 @@ def load(
         ),
         name=cfg.target,
     )
-    out = Loaded(target=target, drafters=[])
+    out = Loaded(target=target, drafters=[], strict=cfg.strict)
     try:
         for spec in cfg.drafts:
             if spec == NGRAM:

@@ -83,6 +83,10 @@ class Settings:
     #: verify batches of up to this many rows are bit-identical to one-token decoding (measured:
     #: tuning.exact_batch), so their rows need no margin; 0 = none known
     exact_rows: int = 0
+    #: greedy output equal to one-token decoding token for token, even where batched K/V left in
+    #: the cache by a non-exact batch could tip a near-tie: decisions on such a cache use the margin
+    #: too, and a near-tie there first re-decodes the drifted span in exact batches (see generate)
+    strict: bool = False
 
 
 @dataclass(slots=True)
@@ -242,7 +246,7 @@ def generate(
             # measured exact batch size: no margin needed there -- unless earlier batches left K/V
             # in the cache that one-token decoding would not have written
             exact = n_draft == 0 or n_draft + 1 <= settings.exact_rows
-            m = margin if (not exact or drift_from is not None) else 0.0
+            m = margin if (not exact or (settings.strict and drift_from is not None)) else 0.0
             new, n_ok, judged = _verify(rows, proposal, params, rng, target.n_vocab, m)
             recheck = len(new) == n_ok  # stopped at a near-tie: no target token was decided
             # the cache holds committed[:-1] + [last] + drafts; afterwards it must hold the new
@@ -250,7 +254,7 @@ def generate(
             start, keep = len(committed) - 1, len(committed) + n_ok - recheck
             target.truncate(keep)
             drifted = 0
-            if not exact and margin > 0.0 and keep > start:
+            if settings.strict and not exact and margin > 0.0 and keep > start:
                 drifted = keep - start
                 drift_from = start if drift_from is None else min(drift_from, start)
             if drift_from is not None and drift_from >= keep:
@@ -271,7 +275,7 @@ def generate(
                     yield Token(tok, detok.piece(tok), _target_source(judged, n_ok))
             now = time.perf_counter()
             repaired, repair_s = 0, 0.0
-            if recheck and drift_from is not None:
+            if recheck and drift_from is not None and settings.strict:
                 # a near-tie on a drifted cache: the one-token re-check would still see batched K/V,
                 # so first rewrite them as one-token decoding does (exact-size batches are
                 # bit-identical to it), then the next round decides this position exactly

@@ -194,6 +194,7 @@ class AutoPlanner:
         explore: bool = True,
         learn_costs: bool = True,
         route_priors: Sequence[Mapping[str, tuple[float, float]]] = (),
+        strict: bool = False,
     ) -> None:
         self.costs = costs
         # per drafter, priors for the routes it knows something about (n-gram match lengths)
@@ -204,10 +205,11 @@ class AutoPlanner:
         self.priors = list(priors)
         self.acc: dict[tuple[int, str | None], _Acceptance] = {}
         self.ties = list(TIE_PRIOR)  # decayed counts: [rows within the margin, rows outside it]
-        # decayed [repair seconds, drifted tokens]: what a token left with batched K/V costs later.
-        # Prior: a quarter of them re-decoded at the exact batch's per-token cost (none when the
-        # exact batch size was never measured: nothing is known about the backend's rounding)
-        per = costs.v(costs.exact_n) / costs.exact_n if costs.exact_n >= 1 and costs.verify else 0.0
+        # decayed [repair seconds, drifted tokens]: what a token left with batched K/V costs later
+        # under --strict. Prior: a quarter of them re-decoded at the exact batch's per-token cost
+        # (nothing without --strict, or when the exact batch size was never measured)
+        measured = strict and costs.exact_n >= 1 and bool(costs.verify)
+        per = costs.v(costs.exact_n) / costs.exact_n if measured else 0.0
         self.drift = [DRIFT_PRIOR_TOKENS * per * DRIFT_PRIOR_SHARE, DRIFT_PRIOR_TOKENS]
         self.rng = rng if rng is not None else np.random.default_rng(0)
         self.explore = explore
@@ -458,14 +460,15 @@ def exact_batch(model: Model, n_max: int, *, filler: int = 16) -> int:
 
 
 def batch_noise(
-    model: Model, *, contexts: Sequence[int] = (300, 600), sizes: Sequence[int] = (4, 16)
+    model: Model, *, contexts: Sequence[int] = (300, 600), sizes: Sequence[int] = (4, 16), drift: int = 32
 ) -> float:
     """Largest |batched − one-token| logit difference, over verify batches of the given sizes after
     contexts of the given lengths. Zero where the backend is bit-exact; on llama.cpp's CPU backend it
     is not from 4 rows with repacked weights (another GEMM kernel), nor once the KV cache reaches 512
     cells (its flash attention splits the KV across threads for a single query row only), and GPUs
     use other kernels for batches than for one row. Both a small and a long batch are measured, as
-    auto mode verifies long copies in batches of up to 49 rows.
+    auto mode verifies long copies in batches of up to 49 rows, and so is drift: rows decoded after
+    `drift` tokens whose K/V a long batch wrote, against one-token decoding of everything.
 
     Leaves the cache empty: call it right after loading."""
     model.truncate(0)
@@ -482,6 +485,20 @@ def batch_noise(
             rows = np.array(model.decode(nxt[:size], list(range(size))), copy=True)
             model.truncate(length)
             worst = max(worst, float(np.abs(rows - singles[:size]).max()))
+    if drift > 0 and lengths[0] + drift + n < model.n_ctx:
+        length = lengths[0]
+        model.truncate(length)
+        more = [(i * 104729) % max(1, model.n_vocab - 16) + 8 for i in range(drift + n)]
+        clean = np.stack([np.array(model.decode([t], [0])[0], copy=True) for t in more])[drift:]
+        model.truncate(length)
+        for i in range(0, drift, n):  # the same tokens, their K/V written by long batches
+            model.decode(more[i : min(i + n, drift)], [])
+        for size in sizes:
+            rows = np.array(model.decode(more[drift : drift + size], list(range(size))), copy=True)
+            model.truncate(length + drift)
+            worst = max(worst, float(np.abs(rows - clean[:size]).max()))
+        one = np.array(model.decode(more[drift : drift + 1], [0])[0], copy=True)  # a single row, drifted
+        worst = max(worst, float(np.abs(one - clean[0]).max()))
     model.truncate(0)
     return worst
 
@@ -505,7 +522,7 @@ def tie_margin(target: Model, *, backend: str = "", use_cache: bool = True) -> f
     cannot overturn. Each logit moves by at most the measured noise, so a gap moves by at most twice
     that. Measured once per model file and machine, like the costs."""
     noise = _cached(
-        "noise2:" + _key(target, backend),
+        "noise3:" + _key(target, backend),
         lambda v: isinstance(v, float),
         lambda: batch_noise(target),
         use_cache,
@@ -643,7 +660,12 @@ def make_planner(loaded: object, k: int | None, *, seed: int | None = None):  # 
     priors = [(3.0, 2.0) if m is not None else (1.0, 1.0) for m in models]
     route_priors = [getattr(d, "route_priors", {}) for d in drafters]
     return AutoPlanner(
-        costs, priors, rng=np.random.default_rng(seed), learn_costs=seed is None, route_priors=route_priors
+        costs,
+        priors,
+        rng=np.random.default_rng(seed),
+        learn_costs=seed is None,
+        route_priors=route_priors,
+        strict=bool(getattr(loaded, "strict", False)),
     )
 
 

@@ -252,11 +252,11 @@ def test_drift_cost_is_learned_from_repairs_and_keeps_batches_exact_where_near_t
     (a long copy), the cost fades and long batches pay."""
     rates = [0.97] * 8
     costs = Costs(list(REPACK_V), [0.0], exact_n=3)
-    busy = AutoPlanner(costs, [(50.0, 1.0)], explore=False)
+    busy = AutoPlanner(costs, [(50.0, 1.0)], explore=False, strict=True)
     for _ in range(40):  # every drifted token is re-decoded at ~V(3)/3 a token
         busy.observe(Round("ngram", 8, 8, 8, 9, REPACK_V[8], route="r", proposed=8, drifted=9,
                            repaired=9, repair_seconds=9 * REPACK_V[2] / 3), 0)  # fmt: skip
-    quiet = AutoPlanner(costs, [(50.0, 1.0)], explore=False)
+    quiet = AutoPlanner(costs, [(50.0, 1.0)], explore=False, strict=True)
     for _ in range(40):  # no near-ties: nothing is ever re-decoded
         quiet.observe(Round("ngram", 8, 8, 8, 9, REPACK_V[8], route="r", proposed=8, drifted=9), 0)
     assert busy.drift_cost > 10 * quiet.drift_cost

@@ -64,6 +64,7 @@ def specchat_configs(draft: str) -> dict[str, list[str]]:
     return {
         "specchat plain": ["--no-draft"],
         "specchat auto (draft+ngram)": ["--draft", draft, "--draft", "ngram"],
+        "specchat auto --strict": ["--draft", draft, "--draft", "ngram", "--strict"],
         "specchat ngram auto": ["--draft", "ngram"],
         "specchat ngram -k 8": ["--draft", "ngram", "-k", "8"],
     }
