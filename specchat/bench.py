@@ -62,6 +62,15 @@ class BenchPrompt:
     name: str
     category: str
     text: str
+    #: a whole conversation (multi-turn revisions: "now add type hints and return it again"); when
+    #: given it is what the chat template renders, and `text` is its last user message
+    messages: tuple[tuple[str, str], ...] = ()
+
+    def conversation(self) -> list[dict[str, str]]:
+        """The messages the chat template renders for this prompt."""
+        if self.messages:
+            return [{"role": r, "content": c} for r, c in self.messages]
+        return [{"role": "user", "content": self.text}]
 
 
 _RENAME_CODE = '''def calc(lst, tax_rate=0.2):
@@ -155,8 +164,31 @@ SUITE: tuple[BenchPrompt, ...] = (
 )
 
 
+def _messages(value: object, where: str) -> tuple[tuple[str, str], ...]:
+    """A prompt line's "messages", checked: (role, content) pairs ending with a user message."""
+    if value is None:
+        return ()
+    ok = (
+        isinstance(value, list)
+        and value
+        and all(
+            isinstance(m, dict)
+            and m.get("role") in ("system", "user", "assistant")
+            and isinstance(m.get("content"), str)
+            for m in value
+        )
+    )
+    if not ok or value[-1]["role"] != "user":  # type: ignore[index]
+        raise BadInput(
+            f'{where}: "messages" must be a list of {{"role": system|user|assistant, "content": ...}} '
+            "objects ending with a user message"
+        )
+    return tuple((m["role"], m["content"]) for m in value)  # type: ignore[union-attr]
+
+
 def load_prompts(path: Path) -> list[BenchPrompt]:
-    """Prompts from a JSONL file: one {"name": ..., "prompt": ..., "category"?: ...} object per line.
+    """Prompts from a JSONL file: one {"name": ..., "prompt": ..., "category"?: ...} object per line,
+    or {"name": ..., "messages": [{"role": ..., "content": ...}, ...]} for a multi-turn conversation.
 
     Any problem is one BadInput naming the file and line, so a typo costs seconds, not a model load.
     """
@@ -185,6 +217,9 @@ def load_prompts(path: Path) -> list[BenchPrompt]:
         if not isinstance(obj, dict):
             raise BadInput(f'{where}: expected an object like {{"name": ..., "prompt": ...}}')
         name, prompt, category = obj.get("name"), obj.get("prompt"), obj.get("category", "custom")
+        messages = _messages(obj.get("messages"), where)
+        if messages and prompt is None:
+            prompt = next(c for r, c in reversed(messages) if r == "user")
         if not isinstance(name, str) or not name.strip():
             raise BadInput(f'{where}: "name" must be a non-empty string')
         if not isinstance(prompt, str) or not prompt.strip():
@@ -194,7 +229,7 @@ def load_prompts(path: Path) -> list[BenchPrompt]:
         if name in seen:
             raise BadInput(f"{where}: duplicate prompt name {name!r}")
         seen.add(name)
-        out.append(BenchPrompt(name, category, prompt))
+        out.append(BenchPrompt(name, category, prompt, messages))
     if not out:
         raise BadInput(f"no prompts in {path}", 'each line needs {"name": ..., "prompt": ...}')
     return out

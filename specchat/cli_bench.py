@@ -271,7 +271,7 @@ def _prepare(loaded: Loaded, suite: list[BenchPrompt], max_tokens: int, err: Con
     for w in loaded.warnings:
         err.print(f"[yellow]warning:[/] {escape(w)}", highlight=False)
     for p in suite:
-        tokens, warning = chat_prompt(target, [{"role": "user", "content": p.text}])
+        tokens, warning = chat_prompt(target, p.conversation())
         if warning and warning not in warned:
             warned.add(warning)
             err.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)

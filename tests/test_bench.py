@@ -555,3 +555,18 @@ def test_external_references_run_interleaved_and_are_reported_as_ratios_to_plain
         plain = res.cell(r.prompt, "plain").tokens_per_second
         assert r.tokens_per_second == 2.0 and r.speedup == pytest.approx(2.0 / plain) and r.runs == (2.0, 2.0)
     assert res.to_dict()["references"][0]["name"] == "llama.cpp ngram-mod"
+
+
+def test_prompts_file_takes_multi_turn_conversations(tmp_path):
+    """Chat revisions ("now add type hints and return the whole class again") need the earlier turns."""
+    from specchat.bench import load_prompts
+
+    f = tmp_path / "p.jsonl"
+    turns = [{"role": "user", "content": "write a stack"}, {"role": "assistant", "content": "class Stack: ..."},
+             {"role": "user", "content": "now add type hints"}]  # fmt: skip
+    f.write_text(json.dumps({"name": "rev", "messages": turns}) + "\n")
+    (p,) = load_prompts(f)
+    assert p.text == "now add type hints" and p.conversation() == turns
+    f.write_text(json.dumps({"name": "bad", "messages": turns[:2]}) + "\n")
+    with pytest.raises(BadInput, match="ending with a user message"):
+        load_prompts(f)
