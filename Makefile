@@ -39,20 +39,21 @@ lint: install
 
 DEMO_PROMPT := Write a Python function that checks whether a string is a palindrome, with a docstring and two doctests.
 
-# The default (-k auto) drafts only where it pays; the second run forces 3-token drafts so the colours
-# show on any machine (on a small CPU that is slower than plain decoding: the first run's note says why).
+# The default: the recommended draft model and n-gram lookup, routed per round by the cost model, on an
+# edit (the answer copies its input: magenta = n-gram drafts the target accepted); then drafting with the
+# draft model forced (-k 3: green = the draft was right; on a small CPU that is slower than plain decoding).
 demo: install
 	$(BIN)/specchat pull qwen2.5-coder-1.5b qwen2.5-coder-0.5b
-	@echo "== specchat run (default: -k auto) =="
-	$(BIN)/specchat run qwen2.5-coder-1.5b --draft qwen2.5-coder-0.5b --temp 0 --max-tokens 160 -p "$(DEMO_PROMPT)"
-	@echo "== the same with drafting forced (-k 3): green = the draft was right =="
+	@echo "== specchat run (the defaults) on a code edit =="
+	$(BIN)/specchat run qwen2.5-coder-1.5b --temp 0 --max-tokens 160 < tests/perf/demo_edit.txt
+	@echo "== the draft model with drafting forced (-k 3): green = the draft was right =="
 	$(BIN)/specchat run qwen2.5-coder-1.5b --draft qwen2.5-coder-0.5b --temp 0 --max-tokens 160 -k 3 -p "$(DEMO_PROMPT)"
 
 # plain vs fixed k vs auto vs n-gram, side by side on the default pair, with the exactness audit
 bench: install
 	$(BIN)/specchat pull qwen2.5-coder-1.5b qwen2.5-coder-0.5b
 	$(BIN)/specchat bench qwen2.5-coder-1.5b --draft qwen2.5-coder-0.5b --draft ngram \
-		--max-tokens 128 --repeats 3 --ks 1,2,3,5 --save bench.json
+		--max-tokens 128 --repeats 3 --ks 1,3,8 --save bench.json
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info

@@ -562,8 +562,11 @@ def test_prompts_file_takes_multi_turn_conversations(tmp_path):
     from specchat.bench import load_prompts
 
     f = tmp_path / "p.jsonl"
-    turns = [{"role": "user", "content": "write a stack"}, {"role": "assistant", "content": "class Stack: ..."},
-             {"role": "user", "content": "now add type hints"}]  # fmt: skip
+    turns = [
+        {"role": "user", "content": "write a stack"},
+        {"role": "assistant", "content": "class Stack: ..."},
+        {"role": "user", "content": "now add type hints"},
+    ]
     f.write_text(json.dumps({"name": "rev", "messages": turns}) + "\n")
     (p,) = load_prompts(f)
     assert p.text == "now add type hints" and p.conversation() == turns

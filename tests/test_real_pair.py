@@ -46,35 +46,41 @@ AUDIT_PROMPT = (
 
 
 @pytest.mark.parametrize(
-    ("drafting", "load"),
+    ("drafting", "strict"),
     [
-        (["-k", "3"], {"repack": False}),  # a forced k: the target loads without repacked weights
-        (["--draft", "ngram"], {"repack": True}),  # auto with n-gram drafts
+        (["-k", "3"], True),  # the draft model, 4-row verify batches: beyond the exact size on x86
+        (["--draft", "ngram"], True),  # auto with n-gram drafts, up to 49-row batches
+        (["--draft", "ngram"], False),  # the same without --strict: only near-ties may differ
     ],
-    ids=["draft-model-k3", "ngram-auto"],
+    ids=["draft-model-k3-strict", "ngram-auto-strict", "ngram-auto"],
 )
-def test_greedy_speculation_passes_the_teacher_forced_audit_past_512_cells(real_pair, drafting, load):
+def test_greedy_speculation_passes_the_teacher_forced_audit_past_512_cells(real_pair, drafting, strict):
     """Past 512 KV cells llama.cpp's CPU flash attention handles one query row differently from
-    several unless K and V differ in type; the verifying target's bf16 V cache keeps them equal."""
+    several unless K and V differ in type (the bf16 V cache); batches of 4+ rows use another GEMM whose
+    K/V drift from one-token ones. With --strict every token is the one-token argmax (ties within
+    0.05); without it a token may differ only where the one-token gap is within the tie margin."""
     from specchat.bench import teacher_force
     from specchat.engine import GGML_TYPE_BF16, LlamaModel, LoadOptions
+    from specchat.tuning import tie_margin
 
     target, draft = (str(p) for p in real_pair)
     draft_args = ["--draft", draft, *drafting] if drafting[0] == "-k" else drafting
     res = CliRunner().invoke(
         app,
-        ["run", target, *draft_args, "--temp", "0", "-n", "560", "--json", "-c", "2048", "-p", AUDIT_PROMPT],
+        ["run", target, *draft_args, *(["--strict"] if strict else []), "--temp", "0", "-n", "560", "--json",
+         "-c", "2048", "-p", AUDIT_PROMPT],
     )  # fmt: skip
     assert res.exit_code == 0, res.output
     doc = json.loads(res.stdout)
     assert len(doc["prompt_tokens"]) + len(doc["tokens"]) > 512, "the run must pass 512 cells"
     if drafting[0] == "-k":
         assert doc["stats"]["acceptance_rate"] >= 0.6  # code prompt: the draft is mostly right
-    opts = LoadOptions(n_ctx=2048, type_v=GGML_TYPE_BF16, **load)
+    opts = LoadOptions(n_ctx=2048, type_v=GGML_TYPE_BF16, repack=True)
     with LlamaModel(Path(target), opts) as t:
         forced = teacher_force(t, doc["prompt_tokens"], doc["tokens"])
+        bound = 0.05 if strict else tie_margin(t)
     worst = max(gap for gap, _ in forced)
-    assert worst <= 0.05, f"token {max(range(len(forced)), key=lambda i: forced[i][0])} off by {worst}"
+    assert worst <= bound, f"token {max(range(len(forced)), key=lambda i: forced[i][0])} off by {worst}"
 
 
 def test_twenty_turn_soak_trims_context_and_keeps_memory_flat(real_pair):
