@@ -44,6 +44,8 @@ EMA = 0.1  # weight of a new timing measurement
 #: would take a minute on a 2-core CPU; the curve is smooth between kernel switches, which sit at
 #: small sizes: 2-4 rows on llama.cpp's CPU backend, where every size is measured)
 VERIFY_SIZES: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 24, 32, 49)
+#: decayed observations below which a draft depth borrows the rate of the depth before it
+THIN_EVIDENCE = 1.0
 #: prior for the share of verify rows that fall within the tie margin (re-checked one token alone)
 TIE_PRIOR = (1.0, 99.0)
 #: strength (in tokens) of the prior on what drifted K/V cost later (AutoPlanner.drift_cost), and
@@ -100,12 +102,24 @@ class _Acceptance:
             self.b[accepted] += 1.0
 
     def rates(self, k: int, rng: np.random.Generator | None) -> list[float]:
+        """Conditional acceptance at draft positions 0..k-1 (drawn from the posteriors with `rng`).
+
+        From position 2 on, a depth with almost no evidence of its own (under one decayed
+        observation) takes at least the rate of the depth before it: a copy that survived that far
+        is no likelier to stop now (n-gram drafts measured 75 85 90 92 93 98% by position), and
+        without this one early rejection at depth 2 would cap every later draft at 2 tokens, the
+        planner never drafting deep enough to learn otherwise (replayed on the bench's edit
+        prompts: 1.40→1.50× rename, 1.99→2.20× whole-file rewrite, non-copy prompts unchanged)."""
         out = []
         for i in range(k):
             j = min(i, len(self.a) - 1)
             a = self.prior_a + (self.a[j] if j >= 0 else 0.0)
             b = self.prior_b + (self.b[j] if j >= 0 else 0.0)
-            out.append(float(rng.beta(a, b)) if rng is not None else a / (a + b))
+            r = float(rng.beta(a, b)) if rng is not None else a / (a + b)
+            seen = self.a[i] + self.b[i] if i < len(self.a) else 0.0
+            if i >= 2 and seen < THIN_EVIDENCE:
+                r = max(r, out[-1])
+            out.append(r)
         return out
 
 

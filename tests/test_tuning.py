@@ -315,3 +315,17 @@ def test_route_priors_let_long_copies_draft_deep_from_the_first_rounds():
     assert planner.plan(15, ["match 16+"])[1] >= 2
     assert planner.plan(15, ["match 2+"]) == (None, 0)
     assert AutoPlanner(costs, [(1.0, 1.0)], explore=False).plan(15, ["match 16+"]) == (None, 0)
+
+
+def test_a_depth_without_evidence_is_not_less_likely_than_the_one_before():
+    """One early rejection at depth 2 must not cap every later draft: depths with (almost) no
+    observations of their own borrow the rate of the depth before; observed depths keep theirs."""
+    from specchat.tuning import _Acceptance
+
+    acc = _Acceptance(1.0, 1.0)
+    for _ in range(20):
+        acc.observe(2, 2)  # depths 0-1 always right
+    acc.observe(3, 2)  # one rejection at depth 2
+    rates = acc.rates(8, None)
+    assert rates[3] >= rates[2] and rates[7] >= rates[2]  # beyond: no evidence, borrowed
+    assert rates[2] < rates[1]  # depth 2 has its own (bad) evidence and keeps it
