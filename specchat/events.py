@@ -48,6 +48,10 @@ class Round:
     proposed: int | None = None  # draft tokens in the verify batch (None: `drafted`); batch = this + 1
     catch_up_seconds: float = 0.0  # part of draft_seconds spent catching the draft's cache up
     margin_rows: int = 0  # rows judged with the tie margin (a near-tie there stopped the walk)
+    #: rows that decided a token this round, and how many of them had a top-2 gap within the tie
+    #: margin (counted in every round, plain ones too: prose has many near-ties, copied code few)
+    gap_rows: int = 0
+    near_ties: int = 0
     drifted: int = 0  # tokens this round left in the target cache with batched, not one-token, K/V
     repaired: int = 0  # tokens re-decoded in exact batches after a near-tie on a drifted cache
     repair_seconds: float = 0.0  # time of that repair (not part of `seconds`)

@@ -249,6 +249,10 @@ def generate(
             m = margin if (not exact or (settings.strict and drift_from is not None)) else 0.0
             new, n_ok, judged = _verify(rows, proposal, params, rng, target.n_vocab, m)
             recheck = len(new) == n_ok  # stopped at a near-tie: no target token was decided
+            gap_rows = near = 0
+            if margin > 0.0:  # how tie-prone this text is, for the planner (exact rows included)
+                gap_rows = min(len(new) + recheck, len(rows))
+                near = sum(top_gap(rows[i]) < margin for i in range(gap_rows))
             # the cache holds committed[:-1] + [last] + drafts; afterwards it must hold the new
             # committed[:-1]: committed + accepted drafts, minus one when no target token followed them
             start, keep = len(committed) - 1, len(committed) + n_ok - recheck
@@ -296,6 +300,8 @@ def generate(
                 proposed=n_draft,
                 catch_up_seconds=proposal.catch_up_seconds,
                 margin_rows=(judged + (not recheck)) if m > 0.0 else 0,
+                gap_rows=gap_rows,
+                near_ties=near,
                 drifted=drifted,
                 repaired=repaired,
                 repair_seconds=repair_s,

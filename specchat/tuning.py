@@ -46,8 +46,11 @@ EMA = 0.1  # weight of a new timing measurement
 VERIFY_SIZES: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 24, 32, 49)
 #: decayed observations below which a draft depth borrows the rate of the depth before it
 THIN_EVIDENCE = 1.0
-#: prior for the share of verify rows that fall within the tie margin (re-checked one token alone)
-TIE_PRIOR = (1.0, 99.0)
+#: prior for the share of verify rows that fall within the tie margin (re-checked one token alone),
+#: and its decay per row seen: ~30 tokens of memory, as the share swings between prose (a third to
+#: a half of the tokens of the bench's prose answers) and copied code (0-3%)
+TIE_PRIOR = (0.5, 19.5)
+TIE_DECAY = 0.97
 #: strength (in tokens) of the prior on what drifted K/V cost later (AutoPlanner.drift_cost), and
 #: the share of drifted tokens it assumes a near-tie will have re-decoded
 DRIFT_PRIOR_TOKENS = 30.0
@@ -334,9 +337,10 @@ class AutoPlanner:
                 self.costs.verify[n - 1] = verify_s
             self.costs.verify[n - 1] += weight * (verify_s - self.costs.verify[n - 1])
             self.seen[n - 1] += 1
-        if rnd.margin_rows > 0:  # rows judged with the tie margin: how often one stopped the walk
-            within, outside = int(rnd.recheck), rnd.margin_rows - int(rnd.recheck)
-            self.ties = [self.ties[0] * 0.995 + within, self.ties[1] * 0.995 + outside]
+        if rnd.gap_rows > 0:  # the recent share of rows within the tie margin, plain rounds included
+            keep = TIE_DECAY**rnd.gap_rows
+            within, outside = rnd.near_ties, rnd.gap_rows - rnd.near_ties
+            self.ties = [self.ties[0] * keep + within, self.ties[1] * keep + outside]
         if rnd.drifted or rnd.repaired:
             self.drift = [self.drift[0] * 0.995 + rnd.repair_seconds, self.drift[1] * 0.995 + rnd.drifted]
         if drafter is None:

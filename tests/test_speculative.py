@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from specchat.drafters import ModelDrafter
 from specchat.events import Done, Round, Source, Token
 from specchat.sampling import SamplingParams
-from specchat.speculative import FixedK, Settings, generate
+from specchat.speculative import FixedK, Settings, generate, top_gap
 
 from .fakes import FakeModel, plain_greedy
 
@@ -359,3 +359,17 @@ def test_near_ties_on_a_cache_written_by_inexact_batches_are_decided_after_an_ex
         diverged += loose != ref
     assert repaired > 0  # repairs happened, and the output still is one-token decoding's
     assert diverged > 0  # without the margin the drift is real
+
+
+def test_rounds_report_how_tie_prone_the_text_is_plain_rounds_included():
+    target = NoisyBatchModel(0.3, seed=2, n_vocab=8, sharpness=1.0)
+    draft = FakeModel(seed=2, n_vocab=8, table=target.table)
+    events = list(
+        generate(target, PROMPT, drafters=[ModelDrafter(draft, p_min=0.0)], planner=FixedK(0),
+                 settings=Settings(max_tokens=40, tie_margin=1.0, exact_rows=3))
+    )  # fmt: skip
+    rounds = [e for e in events if isinstance(e, Round)]
+    assert sum(r.gap_rows for r in rounds) == 40  # one decided row per plain round
+    gaps = [top_gap(target.logits_after(PROMPT + [e.id for e in events if isinstance(e, Token)][:i]))
+            for i in range(40)]  # fmt: skip
+    assert sum(r.near_ties for r in rounds) == sum(g < 1.0 for g in gaps) > 0
