@@ -43,6 +43,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import store
 from .errors import EngineError
 
 CHECK_NAME = "quantised-matmul self-check (Q4_0, Q8_0, Q4_K through llama.cpp's CPU extra buffers)"
@@ -124,19 +125,11 @@ class CheckResult:
 
 
 def results_file() -> Path:
-    """Where verdicts are kept: SPECCHAT_HOME, else XDG_CACHE_HOME/specchat (as tuning's calibration)."""
-    home = os.environ.get("SPECCHAT_HOME") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "specchat"
-    )
-    return Path(home) / "buildcheck.json"
+    """Where verdicts are kept, beside tuning's calibration (store.home())."""
+    return store.home() / "buildcheck.json"
 
 
-def _read_all(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
+_read_all = store.read_json
 
 
 def stored_result(identity: dict[str, Any] | None = None) -> CheckResult | None:
@@ -167,13 +160,7 @@ def record(result: CheckResult, *, keep: int = 8) -> None:
     data[result.key] = asdict(result)
     for old in list(data)[:-keep]:
         del data[old]
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(data, indent=1))
-        tmp.replace(path)
-    except OSError:
-        pass
+    store.write_json(path, data)
 
 
 class BrokenBuild(EngineError):

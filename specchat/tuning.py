@@ -22,7 +22,6 @@ wins; on a 2-core CPU V(6) ≈ 3.3·V(1) and a draft model loses. So we measure 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import platform
 import statistics
@@ -34,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from . import store
 from .events import Round, Stats
 from .model import Model
 
@@ -555,30 +555,11 @@ def measure_draft(model: Model, *, reps: int = 5) -> float:
 
 
 def _cache_file() -> Path:
-    home = os.environ.get("SPECCHAT_HOME") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "specchat"
-    )
-    return Path(home) / "calibration.json"
+    return store.home() / "calibration.json"
 
 
-def _read_cache(path: Path) -> dict[str, object]:
-    """The calibration file's measurements; a missing or damaged file just means measuring again."""
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def _write_cache(path: Path, cache: dict[str, object]) -> None:
-    """Replace the calibration file atomically; a read-only cache only costs a re-measurement."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(cache, indent=1))
-        tmp.replace(path)
-    except OSError:
-        pass
+_read_cache = store.read_json  # a missing or damaged file just means measuring again
+_write_cache = store.write_json  # a read-only cache only costs a re-measurement
 
 
 def _cached(key: str, valid: Callable[[object], bool], measure: Callable[[], object], use_cache: bool) -> Any:

@@ -72,13 +72,18 @@ def test_the_occurrence_agreeing_furthest_back_is_copied():
     assert d.propose([*source, *output], 2, G, RNG).tokens == [40, 41]
 
 
-def test_loop_with_ngram_is_exact_and_labelled():
-    # a target that repeats a cycle: prompt lookup should draft it perfectly after one period
-    vocab = 6
+def cycle_target(vocab: int = 6) -> FakeModel:
+    """A target whose greedy output cycles 0, 1, ..., vocab-1, 0, ...: n-gram lookup's best case."""
     table = np.full((997, vocab), -5.0, dtype=np.float32)
     target = FakeModel(n_vocab=vocab, table=table, order=1)
     for t in range(vocab):
         target.table[hash((t,)) % 997][(t + 1) % vocab] = 5.0
+    return target
+
+
+def test_loop_with_ngram_is_exact_and_labelled():
+    # a target that repeats a cycle: prompt lookup should draft it perfectly after one period
+    target = cycle_target()
     prompt = [0, 1, 2, 3, 4, 5, 0]
     events = list(
         generate(
@@ -120,11 +125,7 @@ def test_property_match_length_is_real(ctx):
 
 
 def test_stats_keep_per_route_figures():
-    vocab = 6
-    table = np.full((997, vocab), -5.0, dtype=np.float32)
-    target = FakeModel(n_vocab=vocab, table=table, order=1)
-    for t in range(vocab):
-        target.table[hash((t,)) % 997][(t + 1) % vocab] = 5.0
+    target = cycle_target()
     events = list(
         generate(target, [0, 1, 2, 3, 4, 5, 0], drafters=[NgramDrafter()], planner=FixedK(4),
                  settings=Settings(max_tokens=30))
