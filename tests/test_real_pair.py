@@ -159,6 +159,14 @@ def test_serve_answers_the_openai_client_and_a_resent_conversation_reuses_the_ca
             plain.choices[0].message.content
         )
 
+        # turn 2 right after the answer it extends: only the new turn is decoded
+        turn2 = [*chat, plain.choices[0].message.to_dict(), {"role": "user", "content": "Now iteratively."}]
+        second = c.chat.completions.create(model="qwen", messages=turn2, max_tokens=32, temperature=0)
+        cached = second.usage.prompt_tokens_details.cached_tokens
+        assert cached >= plain.usage.prompt_tokens, (cached, plain.usage.prompt_tokens)
+        new = second.usage.prompt_tokens - plain.usage.prompt_tokens - plain.usage.completion_tokens
+        assert second.model_extra["speculative"]["prefill_tokens"] <= new + 16  # about the new turn only
+
         answers: list[str | None] = [None] * 3
 
         def ask(i: int) -> None:
@@ -175,12 +183,8 @@ def test_serve_answers_the_openai_client_and_a_resent_conversation_reuses_the_ca
         body = {"messages": chat, "max_tokens": 400, "stream": True}
         with httpx.stream("POST", f"{url}/chat/completions", json=body, timeout=300) as r:
             next(r.iter_lines())  # then hang up
-        turn2 = [*chat, plain.choices[0].message.to_dict(), {"role": "user", "content": "Now iteratively."}]
-        second = c.chat.completions.create(model="qwen", messages=turn2, max_tokens=32, temperature=0)
-        cached = second.usage.prompt_tokens_details.cached_tokens
-        assert cached >= plain.usage.prompt_tokens, (cached, plain.usage.prompt_tokens)
-        new = second.usage.prompt_tokens - plain.usage.prompt_tokens - plain.usage.completion_tokens
-        assert second.model_extra["speculative"]["prefill_tokens"] <= new + 16  # about the new turn only
+        after = c.chat.completions.create(model="qwen", messages=chat, max_tokens=16, temperature=0)
+        assert after.choices[0].message.content == answers[0]  # the hang-up left the caches consistent
     finally:
         worker.shutdown()
         http.stop(timeout=30)
