@@ -40,7 +40,8 @@ DraftOpt = Annotated[
         "--draft",
         "-d",
         help="Draft model (same forms as TARGET), or `ngram` for model-free prompt lookup. "
-        "Repeat to give several.",
+        "Repeat to give several. Default: the target's recommended draft model and `ngram` (routed "
+        "per round by the cost model), or `ngram` alone for a target outside the registry.",
     ),
 ]
 NoDraftOpt = Annotated[

@@ -82,7 +82,9 @@ def run(
 
     Examples:
 
-      specchat run qwen2.5-coder-1.5b --draft qwen2.5-coder-0.5b -p "Write a quicksort in Python"
+      specchat run qwen2.5-coder-1.5b -p "Write a quicksort in Python"   # recommended draft + n-gram
+
+      specchat run qwen2.5-coder-1.5b --draft qwen2.5-coder-0.5b -p "..."   # only this draft
 
       cat notes.txt | specchat run ./target.gguf --draft ./draft.gguf --temp 0.7 --seed 1
 
