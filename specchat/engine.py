@@ -34,7 +34,7 @@ class LoadOptions:
     #: llama.cpp's CPU "extra buffers" repack quantised weights for faster batched matmuls, but their
     #: GEMM kernel (used from 4 rows up on x86) rounds differently from the one-token path, enough to
     #: flip near-tied greedy choices. A target forced to a fixed -k loads with repack off, which keeps
-    #: verify batches of up to 7 rows bit-identical to one-token decoding (measured: tuning.exact_batch);
+    #: verify batches of up to 7 rows bit-identical to one-token decoding (measured: calibration.exact_batch);
     #: auto mode keeps repack and drafts only within the exact batch it measures (3 rows on x86).
     repack: bool = True
     #: ggml type of the V cache (None: llama.cpp's default, f16). A verifying CPU target keeps

@@ -176,8 +176,8 @@ def load(
             out.warnings.extend(check_pair(target, dm))
             out.drafters.append(ModelDrafter(dm, p_min=cfg.p_min))
         if out.drafters:
+            from .calibration import exact_rows, tie_margin
             from .engine import backend_info
-            from .tuning import exact_rows, tie_margin
 
             note("measuring batched-vs-one-token rounding (once per model and machine)")
             backend = str(backend_info().get("system_info", ""))

@@ -81,7 +81,7 @@ class Settings:
     params: SamplingParams = field(default_factory=SamplingParams)
     tie_margin: float = 0.0
     #: verify batches of up to this many rows are bit-identical to one-token decoding (measured:
-    #: tuning.exact_batch), so their rows need no margin; 0 = none known
+    #: calibration.exact_batch), so their rows need no margin; 0 = none known
     exact_rows: int = 0
     #: greedy output equal to one-token decoding token for token, even where batched K/V left in
     #: the cache by a non-exact batch could tip a near-tie: decisions on such a cache use the margin

@@ -1,49 +1,36 @@
 """Cost-model auto-tuning: per round, draft only as far as it pays — or not at all.
 
 Speculation pays only when a verify batch of n tokens costs the target little more than one token
-and the draft is cheap and often right. On a laptop GPU / Apple Silicon V(n) ≈ V(1) and drafting
-wins; on a 2-core CPU V(6) ≈ 3.3·V(1) and a draft model loses. So we measure instead of guessing:
+and the drafts are cheap and often right. How much a batch costs varies by an order of magnitude
+between machines (calibration.py measures it), so every round the planner maximises expected tokens
+per second over the drafters and k in 0..K_MAX:
 
-* Calibration (once per model file + hardware + settings, cached on disk): the target's verify cost
-  V(n) for n = 1..k_max+1, and each draft model's cost per drafted token.
-* Exactness (same cache): the largest verify batch whose logits are bit-identical to one-token
-  decoding; auto mode drafts no further than that, so greedy output is the target's own bit for bit.
-* Online: per drafter, the conditional acceptance rate at each draft position (P(draft i accepted |
-  drafts before it accepted)), as decayed Beta counts so it follows the text's character; measured
-  round times refine V(n) and the draft cost as generation goes.
-* Each round, for each drafter and each k in 0..k_max, expected tokens per second
-      E(k) / (cost_draft(k) + V(k+1)),   E(k) = 1 + Σ_{j≤k} Π_{i≤j} α_i
-  (E reduces to (1 − α^(k+1))/(1 − α) when all α_i are equal; per-position rates are better because
-  acceptance falls with depth). k = 0 is plain decoding at 1/V(1). The α_i are drawn from their Beta
-  posteriors (Thompson sampling), so a drafter that starts doing well gets tried again, while one that
-  cannot win even if always right (checked with α = 1) is never tried on this hardware.
+      E(k) / (catch-up + k·c_draft + V(k+1) + re-checks + drift),   E(k) = 1 + Σ_{j≤k} Π_{i≤j} α_i
+
+* α_i: the conditional acceptance at draft position i, per drafter *and route* (the drafter's kind
+  of context, e.g. how long the n-gram match is), as decayed Beta counts with per-route priors,
+  drawn from their posteriors (Thompson sampling) so a drafter that starts doing well is tried again.
+* Rows of a batch beyond the bit-exact size decide a token only outside the tie margin: the recent
+  share of near-ties (from every decided row) is priced in, and under --strict what drifted K/V cost
+  in later repairs.
+* A draft model idle while another drafter worked must catch up first: priced per token.
+* Live rounds refine the verify curve and the draft cost as generation goes.
+
+k = 0 is plain decoding; a drafter that could not win even if always right is never tried.
 """
 
 from __future__ import annotations
 
-import hashlib
-import os
-import platform
-import statistics
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
 
 import numpy as np
 
-from . import store
+from .calibration import K_MAX, Costs, calibrate
 from .events import Round, Stats
-from .model import Model
 
-K_MAX = 48  # drafts per round at most: long copies (whole-file rewrites) pay up to ~48 on a CPU
 DECAY = 0.97  # per observed round: ~33 rounds of memory
 EMA = 0.1  # weight of a new timing measurement
-#: verify batch sizes calibration measures; V(n) between them is interpolated (measuring all 49
-#: would take a minute on a 2-core CPU; the curve is smooth between kernel switches, which sit at
-#: small sizes: 2-4 rows on llama.cpp's CPU backend, where every size is measured)
-VERIFY_SIZES: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 24, 32, 49)
 #: decayed observations below which a draft depth borrows the rate of the depth before it
 THIN_EVIDENCE = 1.0
 #: prior for the share of verify rows that fall within the tie margin (re-checked one token alone),
@@ -55,32 +42,8 @@ TIE_DECAY = 0.97
 #: the share of drifted tokens it assumes a near-tie will have re-decoded
 DRIFT_PRIOR_TOKENS = 30.0
 DRIFT_PRIOR_SHARE = 0.25
-#: batch size whose per-token cost prices a draft model's catching up (Drafter.lag)
-CATCH_UP_BATCH = 16
 #: live rounds must have seen a batch size this often before their timing replaces calibration's
 SEEN_ENOUGH = 3
-
-
-@dataclass(slots=True)
-class Costs:
-    """Seconds: verify[n-1] = V(n) for n = 1..len(verify); draft[i] = drafter i's cost per drafted token."""
-
-    verify: list[float]
-    draft: list[float]
-    #: largest verify batch whose logits are bit-identical to one-token decoding (0 = not measured)
-    exact_n: int = 0
-    #: what calibration had to do (re-measure a noisy run, refresh a stale cache): for --verbose
-    notes: list[str] = field(default_factory=list)
-    #: per drafter, seconds per token of catching its cache up in one batch (0: nothing to catch up)
-    catch_up: list[float] = field(default_factory=list)
-
-    def v(self, n: int) -> float:
-        if n <= len(self.verify):
-            return self.verify[n - 1]
-        # beyond what was measured: extend linearly with the last measured step
-        last = self.verify[-1]
-        step = last - self.verify[-2] if len(self.verify) > 1 else last
-        return last + step * (n - len(self.verify))
 
 
 @dataclass(slots=True)
@@ -350,295 +313,6 @@ class AutoPlanner:
         if self.learn_costs and proposed > 0 and drafting > 0:
             per = drafting / proposed
             self.costs.draft[drafter] += EMA * (per - self.costs.draft[drafter])
-
-
-# --- calibration ------------------------------------------------------------------------------------
-
-
-#: worst median/min ratio minus one among a calibration's timings above which the machine is taken
-#: to be busy (quiet: 2-10%; another llama.cpp process on 2 cores: 30% to 10x)
-NOISY = 0.25
-#: a cached curve this much slower than a quick live re-measurement was taken on a busy machine
-STALE = 1.3
-
-
-def _step_time(model: Model, toks: Sequence[int], start: int) -> float:
-    t = time.perf_counter()
-    model.decode(toks, list(range(len(toks))))
-    elapsed = time.perf_counter() - t
-    model.truncate(start)
-    return elapsed
-
-
-def _interpolate(points: dict[int, float], n_max: int) -> list[float]:
-    """V(1..n_max) from the measured sizes, linear in between (and flat past the last one)."""
-    sizes = sorted(points)
-    out = []
-    for n in range(1, n_max + 1):
-        lo = max((s for s in sizes if s <= n), default=sizes[0])
-        hi = min((s for s in sizes if s >= n), default=sizes[-1])
-        if lo == hi:
-            out.append(points[lo])
-        else:
-            f = (n - lo) / (hi - lo)
-            out.append(points[lo] + f * (points[hi] - points[lo]))
-    return out
-
-
-def time_verify(
-    model: Model, n_max: int, *, reps: int = 3, filler: int = 16, sizes: Sequence[int] = VERIFY_SIZES
-) -> tuple[list[float], float]:
-    """(V(1..n_max), spread): seconds to decode n tokens with logits for all n rows.
-
-    Sizes are measured in interleaved passes (ascending, then descending, ...) and each keeps its
-    fastest time: a burst of load hits one pass of one size rather than a whole stretch of the curve,
-    and the minimum is what the kernels cost on a quiet machine. `spread` (the worst median/min − 1)
-    says how disturbed the measurement was. No smoothing: a bigger batch really can cost less than a
-    smaller one where the backend switches to a faster kernel (llama.cpp's repacked CPU GEMM from 4
-    rows), and that dip is exactly what the planner must see."""
-    base = list(model.tokens)
-    probe = [t % model.n_vocab for t in range(100, 100 + filler + n_max)]
-    if not base:
-        model.decode(probe[:filler], [])
-    start = len(model.tokens)
-    points = sorted({n for n in sizes if n <= n_max} | {1, n_max})
-    times: dict[int, list[float]] = {n: [] for n in points}
-    for n in points:  # warm-up: the first use of a batch size allocates buffers
-        _step_time(model, probe[filler : filler + n], start)
-    for r in range(reps):
-        for n in points if r % 2 == 0 else reversed(points):
-            times[n].append(_step_time(model, probe[filler : filler + n], start))
-    model.truncate(len(base))
-    best = {n: max(min(ts), 1e-9) for n, ts in times.items()}
-    spread = max(statistics.median(ts) / best[n] - 1.0 for n, ts in times.items())
-    return _interpolate(best, n_max), spread
-
-
-def measure_verify(model: Model, n_max: int, *, reps: int = 3, filler: int = 16) -> list[float]:
-    """V(n) for n = 1..n_max (see time_verify)."""
-    return time_verify(model, n_max, reps=reps, filler=filler)[0]
-
-
-def measure_verify_quietly(
-    model: Model, n_max: int, notes: list[str], attempts: int = 3
-) -> tuple[list[float], bool]:
-    """(curve, trustworthy): measure again while the timings say the machine is busy.
-
-    A curve measured under load would be cached and would keep auto mode from drafting on a quiet
-    machine later; so a disturbed one is re-measured, and one that stays disturbed is used for this
-    run only (not cached)."""
-    best: tuple[list[float], float] | None = None
-    for attempt in range(attempts):
-        curve, spread = time_verify(model, n_max)
-        if spread <= NOISY:
-            return curve, True
-        notes.append(
-            f"calibration: verify timings disturbed (spread {spread:.0%}, attempt {attempt + 1}/{attempts}); "
-            "is something else running?"
-        )
-        if best is None or spread < best[1]:
-            best = (curve, spread)
-    assert best is not None
-    notes.append("calibration: the machine stayed busy; using the least disturbed curve for this run only")
-    return best[0], False
-
-
-def cached_curve_is_stale(model: Model, cached: Sequence[float]) -> bool:
-    """Whether a cached verify curve was measured on a busier machine than this one is now: a quick
-    live V(1) and V(4) (fastest of 3) run well below it. (The other way round -- the machine busy now
-    -- is left to the live rounds, which rescale the curve as they go.)"""
-    sizes = [n for n in (1, 4) if n <= len(cached)]
-    live, _ = time_verify(model, max(sizes), reps=3, sizes=sizes)
-    # (a millisecond floor: timer noise on sub-millisecond decodes says nothing about load)
-    return any(cached[n - 1] > STALE * live[n - 1] and cached[n - 1] - live[n - 1] > 1e-3 for n in sizes)
-
-
-def exact_batch(model: Model, n_max: int, *, filler: int = 16) -> int:
-    """Largest n <= n_max for which decoding n tokens in one batch gives exactly the logits of decoding
-    them one at a time. Backends switch matmul kernels by batch size (llama.cpp's CPU backend: at 4
-    rows with repacked weights, at 8 without), and only below the switch is greedy speculation
-    bit-for-bit the target's own one-token output. Returns 1 when no batch is exact (most GPUs)."""
-    base = list(model.tokens)
-    probe = [t % model.n_vocab for t in range(200, 200 + filler + n_max)]
-    if not base:
-        model.decode(probe[:filler], [])
-    start = len(model.tokens)
-    toks = probe[filler : filler + n_max]
-    singles = np.stack([np.array(model.decode([t], [0])[0], copy=True) for t in toks])
-    model.truncate(start)
-    exact = 1
-    for n in range(2, n_max + 1):
-        rows = np.array(model.decode(toks[:n], list(range(n))), copy=True)
-        model.truncate(start)
-        if not np.array_equal(rows, singles[:n]):
-            break
-        exact = n
-    model.truncate(len(base))
-    return exact
-
-
-def batch_noise(
-    model: Model, *, contexts: Sequence[int] = (300, 600), sizes: Sequence[int] = (4, 16), drift: int = 32
-) -> float:
-    """Largest |batched − one-token| logit difference, over verify batches of the given sizes after
-    contexts of the given lengths. Zero where the backend is bit-exact; on llama.cpp's CPU backend it
-    is not from 4 rows with repacked weights (another GEMM kernel), nor once the KV cache reaches 512
-    cells (its flash attention splits the KV across threads for a single query row only), and GPUs
-    use other kernels for batches than for one row. Both a small and a long batch are measured, as
-    auto mode verifies long copies in batches of up to 49 rows, and so is drift: rows decoded after
-    `drift` tokens whose K/V a long batch wrote, against one-token decoding of everything.
-
-    Leaves the cache empty: call it right after loading."""
-    model.truncate(0)
-    n = max(sizes)
-    lengths = sorted({max(1, min(c, model.n_ctx - n - 1)) for c in contexts})
-    probe = [(i * 7919) % max(1, model.n_vocab - 16) + 8 for i in range(lengths[-1] + n)]
-    worst = 0.0
-    for length in lengths:
-        model.decode(probe[len(model.tokens) : length], [])
-        nxt = probe[length : length + n]
-        singles = np.stack([np.array(model.decode([t], [0])[0], copy=True) for t in nxt])
-        model.truncate(length)
-        for size in sizes:
-            rows = np.array(model.decode(nxt[:size], list(range(size))), copy=True)
-            model.truncate(length)
-            worst = max(worst, float(np.abs(rows - singles[:size]).max()))
-    if drift > 0 and lengths[0] + drift + n < model.n_ctx:
-        length = lengths[0]
-        model.truncate(length)
-        more = [(i * 104729) % max(1, model.n_vocab - 16) + 8 for i in range(drift + n)]
-        clean = np.stack([np.array(model.decode([t], [0])[0], copy=True) for t in more])[drift:]
-        model.truncate(length)
-        for i in range(0, drift, n):  # the same tokens, their K/V written by long batches
-            model.decode(more[i : min(i + n, drift)], [])
-        for size in sizes:
-            rows = np.array(model.decode(more[drift : drift + size], list(range(size))), copy=True)
-            model.truncate(length + drift)
-            worst = max(worst, float(np.abs(rows - clean[:size]).max()))
-        one = np.array(model.decode(more[drift : drift + 1], [0])[0], copy=True)  # a single row, drifted
-        worst = max(worst, float(np.abs(one - clean[0]).max()))
-    model.truncate(0)
-    return worst
-
-
-#: exactness is probed up to this batch size; a backend exact that far is taken as exact beyond it
-EXACT_PROBE = 16
-
-
-def exact_rows(target: Model, *, k_max: int = K_MAX, backend: str = "", use_cache: bool = True) -> int:
-    """`exact_batch` for this target, from the calibration cache when measured before."""
-    return _cached(  # type: ignore[no-any-return]
-        "exact:" + _key(target, f"{backend}:{min(k_max + 1, EXACT_PROBE)}"),
-        lambda v: isinstance(v, int),
-        lambda: exact_batch(target, min(k_max + 1, EXACT_PROBE)),
-        use_cache,
-    )
-
-
-def tie_margin(target: Model, *, backend: str = "", use_cache: bool = True) -> float:
-    """The greedy tie margin for `Settings.tie_margin`: a top-2 gap that batched-vs-one-token rounding
-    cannot overturn. Each logit moves by at most the measured noise, so a gap moves by at most twice
-    that. Measured once per model file and machine, like the costs."""
-    noise = _cached(
-        "noise3:" + _key(target, backend),
-        lambda v: isinstance(v, float),
-        lambda: batch_noise(target),
-        use_cache,
-    )
-    return 2.0 * float(noise)
-
-
-def measure_draft(model: Model, *, reps: int = 5) -> float:
-    """Seconds per drafted token: one single-token decode with one logits row."""
-    v = measure_verify(model, 1, reps=reps)
-    return v[0]
-
-
-def _cache_file() -> Path:
-    return store.home() / "calibration.json"
-
-
-_read_cache = store.read_json  # a missing or damaged file just means measuring again
-_write_cache = store.write_json  # a read-only cache only costs a re-measurement
-
-
-def _cached(key: str, valid: Callable[[object], bool], measure: Callable[[], object], use_cache: bool) -> Any:
-    """One calibration measurement: from the on-disk cache when a valid value is there, else measured
-    now (and stored, unless use_cache is off)."""
-    path = _cache_file()
-    cache = _read_cache(path) if use_cache else {}
-    value = cache.get(key)
-    if not valid(value):
-        value = measure()
-        if use_cache:
-            cache[key] = value
-            _write_cache(path, cache)
-    return value
-
-
-def _key(model: object, extra: str) -> str:
-    """Identity of a measurement: file (path, size, mtime), threads, offload, build, machine."""
-    path = getattr(model, "path", None)
-    parts = [extra, platform.machine(), platform.processor(), str(os.cpu_count())]
-    if path is not None:
-        st = Path(path).stat()
-        parts += [str(Path(path).resolve()), str(st.st_size), str(int(st.st_mtime))]
-    parts += [str(getattr(model, name, "")) for name in ("threads", "gpu_layers", "repack", "type_v")]
-    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:24]
-
-
-def calibrate(
-    target: Model,
-    draft_models: Sequence[Model | None],
-    *,
-    k_max: int = K_MAX,
-    backend: str = "",
-    use_cache: bool = True,
-) -> Costs:
-    """Measured costs, from the on-disk cache when the same files/hardware were measured before."""
-    n = k_max + 1
-    notes: list[str] = []
-    key = "verify:" + _key(target, f"{backend}:{k_max}")
-    path = _cache_file()
-    cache = _read_cache(path) if use_cache else {}
-    verify = cache.get(key)
-    if isinstance(verify, list) and len(verify) == n and cached_curve_is_stale(target, verify):
-        notes.append(
-            "calibration: the cached verify costs were measured on a busier machine; measuring again"
-        )
-        verify = None
-    if not (isinstance(verify, list) and len(verify) == n):
-        verify, trustworthy = measure_verify_quietly(target, n, notes)
-        if use_cache and trustworthy:
-            cache[key] = verify
-            _write_cache(path, cache)
-    exact_n = exact_rows(target, k_max=k_max, backend=backend, use_cache=use_cache)
-    draft: list[float] = []
-    catch_up: list[float] = []
-    for dm in draft_models:
-        if dm is None:  # a model-free drafter: its cost is measured online and is ~0
-            draft.append(0.0)
-            catch_up.append(0.0)
-            continue
-        draft.append(
-            _cached(
-                "draft:" + _key(dm, backend),
-                lambda v: isinstance(v, float),
-                lambda dm=dm: measure_draft(dm),
-                use_cache,
-            )
-        )
-        catch_up.append(
-            _cached(
-                "catchup:" + _key(dm, backend),
-                lambda v: isinstance(v, float),
-                lambda dm=dm: measure_verify(dm, CATCH_UP_BATCH, reps=2)[-1] / CATCH_UP_BATCH,
-                use_cache,
-            )
-        )
-    return Costs(
-        verify=[float(x) for x in verify], draft=draft, exact_n=exact_n, notes=notes, catch_up=catch_up
-    )
 
 
 def make_planner(loaded: object, k: int | None, *, seed: int | None = None):  # type: ignore[no-untyped-def]

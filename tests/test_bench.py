@@ -80,7 +80,7 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
     """Make the loop, the drafters and calibration read the virtual clock."""
     c = Clock()
     fake_time = SimpleNamespace(perf_counter=c.perf_counter)
-    for mod in ("specchat.speculative", "specchat.drafters", "specchat.tuning"):
+    for mod in ("specchat.speculative", "specchat.drafters", "specchat.calibration"):
         monkeypatch.setattr(f"{mod}.time", fake_time)
     return c
 

@@ -60,8 +60,8 @@ def test_greedy_speculation_passes_the_teacher_forced_audit_past_512_cells(real_
     K/V drift from one-token ones. With --strict every token is the one-token argmax (ties within
     0.05); without it a token may differ only where the one-token gap is within the tie margin."""
     from specchat.bench import teacher_force
+    from specchat.calibration import tie_margin
     from specchat.engine import GGML_TYPE_BF16, LlamaModel, LoadOptions
-    from specchat.tuning import tie_margin
 
     target, draft = (str(p) for p in real_pair)
     draft_args = ["--draft", draft, *drafting] if drafting[0] == "-k" else drafting

@@ -9,8 +9,9 @@ import time
 import numpy as np
 import pytest
 
+from specchat.calibration import Costs, calibrate, measure_verify
 from specchat.events import Round
-from specchat.tuning import AutoPlanner, Costs, best_k, calibrate, expected_tokens, measure_verify
+from specchat.tuning import AutoPlanner, best_k, expected_tokens
 
 from .fakes import FakeModel
 
@@ -142,7 +143,7 @@ def test_calibration_is_cached(tmp_path, monkeypatch):
 def test_a_cached_curve_measured_on_a_busy_machine_is_measured_again(tmp_path, monkeypatch):
     """Issue 11: V(2..9) cached at 3-4x their idle cost kept auto from drafting until the file was
     deleted. A quick live V(1)/V(4) that runs well below the cached curve re-measures it."""
-    from specchat import tuning
+    from specchat import calibration
 
     monkeypatch.setenv("SPECCHAT_HOME", str(tmp_path))
     t = FakeModel(n_vocab=32)
@@ -154,16 +155,16 @@ def test_a_cached_curve_measured_on_a_busy_machine_is_measured_again(tmp_path, m
     costs = calibrate(t, [None], k_max=4)
     assert costs.verify[0] < 0.1 and any("busier machine" in n for n in costs.notes)
     assert json.loads((tmp_path / "calibration.json").read_text())[key][0] < 0.1
-    assert tuning.cached_curve_is_stale(t, costs.verify) is False
+    assert calibration.cached_curve_is_stale(t, costs.verify) is False
 
 
 def test_a_disturbed_calibration_is_repeated_and_never_cached(tmp_path, monkeypatch):
-    from specchat import tuning
+    from specchat import calibration
 
     monkeypatch.setenv("SPECCHAT_HOME", str(tmp_path))
     spreads = iter([0.9, 0.6, 0.7])
     monkeypatch.setattr(
-        tuning, "time_verify", lambda model, n, **kw: ([0.01 * (i + 1) for i in range(n)], next(spreads))
+        calibration, "time_verify", lambda model, n, **kw: ([0.01 * (i + 1) for i in range(n)], next(spreads))
     )
     costs = calibrate(FakeModel(n_vocab=32), [None], k_max=4)
     assert costs.verify[0] == 0.01
@@ -171,21 +172,21 @@ def test_a_disturbed_calibration_is_repeated_and_never_cached(tmp_path, monkeypa
     cache = json.loads((tmp_path / "calibration.json").read_text())
     assert not any(k.startswith("verify:") for k in cache)  # the next run measures again
     quiet = iter([0.8, 0.05])
-    monkeypatch.setattr(tuning, "time_verify", lambda model, n, **kw: ([0.02] * n, next(quiet)))
+    monkeypatch.setattr(calibration, "time_verify", lambda model, n, **kw: ([0.02] * n, next(quiet)))
     assert calibrate(FakeModel(n_vocab=32), [None], k_max=4).verify == [0.02] * 5
 
 
 def test_time_verify_keeps_a_kernel_dip_and_interpolates_between_sizes():
     """With repacked weights llama.cpp's CPU GEMM makes a batch of 4 cheaper than a batch of 3; a
     monotone smoothing would hide exactly the region where long drafts pay."""
-    from specchat import tuning
+    from specchat import calibration
 
     class Dip(FakeModel):
         def decode(self, tokens, logits_rows):
             time.sleep({1: 0.002, 2: 0.004, 3: 0.006}.get(len(tokens), 0.003 + 0.0001 * len(tokens)))
             return super().decode(tokens, logits_rows)
 
-    v, _spread = tuning.time_verify(Dip(n_vocab=16), 20, reps=2, sizes=(1, 2, 3, 4, 8, 16, 20))
+    v, _spread = calibration.time_verify(Dip(n_vocab=16), 20, reps=2, sizes=(1, 2, 3, 4, 8, 16, 20))
     assert len(v) == 20
     assert v[3] < v[2]  # V(4) < V(3), as measured
     assert v[7] <= v[11] <= v[15]  # V(12) interpolated between V(8) and V(16)
@@ -204,7 +205,7 @@ class BatchSensitiveModel(FakeModel):
 
 
 def test_exact_batch_finds_the_kernel_switch():
-    from specchat.tuning import exact_batch
+    from specchat.calibration import exact_batch
 
     assert exact_batch(FakeModel(n_vocab=16), 9) == 9
     m = BatchSensitiveModel(4, n_vocab=16)
