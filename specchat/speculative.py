@@ -263,6 +263,7 @@ def generate(
                 drift_from = start if drift_from is None else min(drift_from, start)
             if drift_from is not None and drift_from >= keep:
                 drift_from = None
+            verified = time.perf_counter()  # the round's cost ends here, before the consumer runs
             ended = False
             emitted = 0
             for i, tok in enumerate(new):
@@ -293,7 +294,9 @@ def generate(
                 drafted=judged,
                 accepted=n_ok,
                 emitted=emitted,
-                seconds=now - t_verify + proposal.seconds,
+                # what the planner learns V(n) from: not the time the consumer spent on the tokens
+                # (rendering 16 accepted tokens would make a 17-row batch look dearer than it is)
+                seconds=verified - t_verify + proposal.seconds,
                 draft_seconds=proposal.seconds,
                 recheck=recheck,
                 route=routes[which] if drafter is not None and which is not None else None,

@@ -373,3 +373,21 @@ def test_rounds_report_how_tie_prone_the_text_is_plain_rounds_included():
     gaps = [top_gap(target.logits_after(PROMPT + [e.id for e in events if isinstance(e, Token)][:i]))
             for i in range(40)]  # fmt: skip
     assert sum(r.near_ties for r in rounds) == sum(g < 1.0 for g in gaps) > 0
+
+
+def test_round_time_excludes_what_the_consumer_does_with_the_tokens():
+    """The planner learns V(n) from Round.seconds: a slow terminal rendering 16 accepted tokens must
+    not make a 17-row verify batch look dearer than it is."""
+    import time
+
+    target = FakeModel(seed=3, n_vocab=16)
+    draft = FakeModel(seed=3, n_vocab=16, table=target.table)
+    rounds = []
+    for ev in generate(target, PROMPT, drafters=[ModelDrafter(draft, p_min=0.0)], planner=FixedK(4),
+                       settings=Settings(max_tokens=20)):  # fmt: skip
+        if isinstance(ev, Token):
+            time.sleep(0.01)  # the consumer's work
+        elif isinstance(ev, Round):
+            rounds.append(ev)
+    assert rounds and all(r.seconds < 0.01 for r in rounds)
+    assert max(r.emitted for r in rounds) > 1
