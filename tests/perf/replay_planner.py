@@ -1,0 +1,147 @@
+"""Replay recorded greedy outputs through the real loop and planner with a measured cost curve.
+
+Not a test and not a measurement of speed: a way to compare planner policies on the same text in
+seconds instead of a 15-minute benchmark. The target is replaced by a stand-in that returns, at each
+position, the recorded token as argmax with the *real* top-2 gap there (teacher-forced once through
+the real target), so the tie margin acts as it does live; each round is billed the calibrated V(n)
+plus a measured per-round Python cost. Ratios are plain time / speculative time, both simulated.
+README's "replayed offline" figures come from this script.
+
+Usage:
+  python tests/perf/replay_planner.py TARGET.gguf RESULTS.json [--seeds 6]
+RESULTS.json is what `tests/perf/vs_llama_cpp.py --json` writes (it holds each prompt's plain output);
+the prompts come from tests/perf/copy_prompts.jsonl and the cost curve from the calibration cache
+($SPECCHAT_HOME/calibration.json, written by any `specchat run` with drafting on this machine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[1]))
+
+from specchat import store  # noqa: E402
+from specchat.calibration import Costs  # noqa: E402
+from specchat.drafters import NGRAM_ROUTE_PRIORS, NgramDrafter  # noqa: E402
+from specchat.events import Done, Round  # noqa: E402
+from specchat.speculative import Settings, generate  # noqa: E402
+from specchat.tuning import AutoPlanner  # noqa: E402
+
+ROUND_OVERHEAD = 0.0006  # seconds of Python per round (planner + verify), measured with cProfile
+
+
+class Replay:
+    """A stand-in target whose argmax at every position is the recorded output, with its real gap."""
+
+    name = "replay"
+
+    def __init__(self, prompt: list[int], output: list[int], gaps: list[float], vocab: int) -> None:
+        self.seq, self.n_prompt, self.gaps, self.vocab = prompt + output, len(prompt), gaps, vocab
+        self._tokens: list[int] = []
+
+    n_ctx = 8192
+
+    @property
+    def n_vocab(self) -> int:
+        return self.vocab
+
+    @property
+    def tokens(self) -> tuple[int, ...]:
+        return tuple(self._tokens)
+
+    def decode(self, tokens, rows):  # type: ignore[no-untyped-def]
+        base = len(self._tokens)
+        self._tokens.extend(tokens)
+        out = np.zeros((len(rows), self.vocab), dtype=np.float32)
+        for j, r in enumerate(rows):
+            n = base + r + 1
+            nxt = self.seq[n] if n < len(self.seq) else 0
+            out[j, nxt] = 10.0
+            if 0 <= n - self.n_prompt < len(self.gaps):
+                out[j, (nxt + 1) % self.vocab] = 10.0 - min(self.gaps[n - self.n_prompt], 9.0)
+        return out
+
+    def truncate(self, n: int) -> None:
+        del self._tokens[n:]
+
+    def is_eog(self, token: int) -> bool:
+        return False
+
+    def token_bytes(self, token: int) -> bytes:
+        return b"x"
+
+
+def chatml(messages: list[dict[str, str]]) -> str:
+    from vs_llama_cpp import chatml as render  # the same rendering the measurement used
+
+    return render(messages)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("target")
+    ap.add_argument("results", type=Path)
+    ap.add_argument("--seeds", type=int, default=6)
+    args = ap.parse_args()
+    sys.path.insert(0, str(HERE))
+    from specchat.engine import GGML_TYPE_BF16, LlamaModel, LoadOptions
+
+    cal = store.read_json(store.home() / "calibration.json")
+    curves = [v for k, v in cal.items() if k.startswith("verify:") and isinstance(v, list) and len(v) == 49]
+    margins = [v for k, v in cal.items() if k.startswith("noise3:")]
+    if not curves or not margins:
+        raise SystemExit("no calibration cached: run `specchat run TARGET --draft ngram -p hi` first")
+    curve, margin = curves[0], 2.0 * float(margins[0])
+    recorded = json.loads(args.results.read_text())["results"]
+    prompts = {
+        p["name"]: p for p in map(json.loads, (HERE / "copy_prompts.jsonl").read_text().splitlines()) if p
+    }
+    cases = {}
+    with LlamaModel(Path(args.target), LoadOptions(n_ctx=4096, type_v=GGML_TYPE_BF16)) as m:
+        for name, runs in recorded.items():
+            prompt = m.tokenize(chatml(prompts[name]["messages"]))
+            output = runs["specchat plain"][0]["tokens"]
+            m.truncate(0)
+            m.decode(prompt[:-1], [])
+            gaps = []
+            for t in [prompt[-1], *output[:-1]]:
+                row = np.array(m.decode([t], [0])[0], copy=True)
+                top2 = np.partition(row, -2)[-2:]
+                gaps.append(float(top2[1] - top2[0]))
+            cases[name] = (prompt, output, gaps)
+
+    def ratio(name: str, seed: int) -> float:
+        prompt, output, gaps = cases[name]
+        ids = {t: i for i, t in enumerate(sorted({*prompt, *output, 0}))}
+        p, o = [ids[t] for t in prompt], [ids[t] for t in output]
+        planner = AutoPlanner(
+            Costs(list(curve), [0.0], exact_n=3), [(1.0, 1.0)], route_priors=[NGRAM_ROUTE_PRIORS],
+            rng=np.random.default_rng(seed), learn_costs=False,
+        )  # fmt: skip
+        spent, made = 0.0, 0
+        settings = Settings(max_tokens=len(o), tie_margin=margin, exact_rows=3)
+        for ev in generate(Replay(p, o, gaps, len(ids)), p, drafters=[NgramDrafter()], planner=planner,
+                           settings=settings):  # fmt: skip
+            if isinstance(ev, Round):
+                spent += curve[min((ev.proposed or 0) + 1, len(curve)) - 1] + ROUND_OVERHEAD
+            elif isinstance(ev, Done):
+                made = ev.stats.generated_tokens
+        return made * (curve[0] + ROUND_OVERHEAD) / spent
+
+    names = list(cases)
+    res = [statistics.fmean(ratio(n, s) for s in range(args.seeds)) for n in names]
+    print("replayed n-gram auto (simulated, not measured): " + ", ".join(
+        f"{n} {r:.2f}x" for n, r in zip(names, res, strict=True)
+    ) + f"; geomean {math.exp(statistics.fmean(math.log(r) for r in res)):.2f}x")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
