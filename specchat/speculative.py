@@ -247,12 +247,12 @@ def generate(
             # in the cache that one-token decoding would not have written
             exact = n_draft == 0 or n_draft + 1 <= settings.exact_rows
             m = margin if (not exact or (settings.strict and drift_from is not None)) else 0.0
-            new, n_ok, judged = _verify(rows, proposal, params, rng, target.n_vocab, m)
+            # the top-2 gaps of the rows walked: how tie-prone this text is, for the planner
+            gaps: list[float] | None = [] if margin > 0.0 else None
+            new, n_ok, judged = _verify(rows, proposal, params, rng, target.n_vocab, m, gaps)
             recheck = len(new) == n_ok  # stopped at a near-tie: no target token was decided
-            gap_rows = near = 0
-            if margin > 0.0:  # how tie-prone this text is, for the planner (exact rows included)
-                gap_rows = min(len(new) + recheck, len(rows))
-                near = sum(top_gap(rows[i]) < margin for i in range(gap_rows))
+            gap_rows = len(gaps) if gaps is not None else 0
+            near = sum(g < margin for g in gaps) if gaps is not None else 0
             # the cache holds committed[:-1] + [last] + drafts; afterwards it must hold the new
             # committed[:-1]: committed + accepted drafts, minus one when no target token followed them
             start, keep = len(committed) - 1, len(committed) + n_ok - recheck
@@ -353,18 +353,24 @@ def _verify(
     rng: np.random.Generator,
     n_vocab: int,
     margin: float = 0.0,
+    gaps: list[float] | None = None,
 ) -> tuple[list[int], int, int]:
     """Walk the drafts against the target rows.
 
     Returns (tokens to commit, drafts kept, drafts judged). With a greedy `margin`, a row whose top-2
     gap is below it decides nothing: the walk stops before it, committing only the drafts accepted so
-    far (possibly nothing), and the caller re-evaluates that position one token alone.
+    far (possibly nothing), and the caller re-evaluates that position one token alone. When `gaps`
+    is given (greedy), the top-2 gap of every row walked is appended to it, computed once.
     """
     out: list[int] = []
+    measure = gaps is not None or margin > 0.0
     for i, tok in enumerate(proposal.tokens):
         if params.greedy:
             best = greedy(rows[i])
-            if margin > 0.0 and top_gap(rows[i]) < margin:
+            gap = top_gap(rows[i]) if measure else float("inf")
+            if gaps is not None:
+                gaps.append(gap)
+            if gap < margin:
                 return out, i, i
             out.append(best)
             if best != tok:
@@ -384,7 +390,10 @@ def _verify(
     n = len(proposal.tokens)
     last = rows[n]
     if params.greedy:
-        if margin > 0.0 and top_gap(last) < margin:
+        gap = top_gap(last) if measure else float("inf")
+        if gaps is not None:
+            gaps.append(gap)
+        if gap < margin:
             return out, n, n
         out.append(greedy(last))
     else:
