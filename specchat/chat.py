@@ -58,6 +58,11 @@ class Engine(Protocol):
         """Verify batches this many rows or fewer need no margin (speculative.Settings.exact_rows)."""
         ...
 
+    @property
+    def strict(self) -> bool:
+        """--strict: greedy output equal to one-token decoding (speculative.Settings.strict)."""
+        ...
+
     def render(self, messages: Sequence[Message]) -> tuple[list[int], str | None]:
         """Token ids of the conversation in the chat template (+ a warning); ContextFull if too long."""
         ...
@@ -81,7 +86,7 @@ def answer_events(
     """The speculative loop over an engine's models, with the verification settings loading measured.
 
     Whatever the engine's caches hold from the last answer is reused by common prefix (see the module
-    docstring); the chat session and the HTTP server both generate through here.
+    docstring); the chat session, the HTTP server and `specchat run` all generate through here.
     """
     return generate(
         engine.target,
@@ -93,7 +98,7 @@ def answer_events(
             params=params,
             tie_margin=engine.tie_margin,
             exact_rows=engine.exact_rows,
-            strict=bool(getattr(engine, "strict", False)),
+            strict=engine.strict,
         ),
         rng=rng,
         tally=tally,

@@ -116,7 +116,8 @@ def generate_one(
     import numpy as np
 
     from . import loader, render, tuning
-    from .speculative import Settings, Tally, generate
+    from .chat import answer_events
+    from .speculative import Tally
 
     err = err_console()
     announce = None if as_json else (lambda line: err.print(f"[dim]{escape(line)}[/]", soft_wrap=True))
@@ -138,18 +139,13 @@ def generate_one(
         sources = render.sources_for([d.source for d in loaded.drafters])
         if not as_json and loaded.drafters:
             err.print(render.legend(sources))
-        gen = generate(
-            loaded.target,
+        gen = answer_events(
+            loader.LoadedEngine(loaded),
             tokens,
             drafters=loaded.drafters,
             planner=planner,
-            settings=Settings(
-                max_tokens=opts.max_tokens,
-                params=opts.params,
-                tie_margin=loaded.tie_margin,
-                exact_rows=loaded.exact_rows,
-                strict=loaded.strict,
-            ),
+            params=opts.params,
+            max_tokens=opts.max_tokens,
             rng=rng,
             tally=tally,
         )

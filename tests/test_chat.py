@@ -75,6 +75,7 @@ class FakeEngine:
         self.rendered: list[list[dict[str, str]]] = []
         self.tie_margin = 0.0
         self.exact_rows = 0
+        self.strict = False
 
     def render(self, messages: Sequence[dict[str, str]]) -> tuple[list[int], str | None]:
         self.rendered.append([dict(m) for m in messages])
@@ -343,6 +344,7 @@ class FakeLoaded:
         self.draft_models: list[FakeModel] = []
         self.tie_margin = 0.0
         self.exact_rows = 0
+        self.strict = False
         self.closed = False
 
     def close(self) -> None:

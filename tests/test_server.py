@@ -121,6 +121,7 @@ class FakeBackend:
         self.drafters: list[object] = []
         self.tie_margin = 0.0
         self.exact_rows = 0
+        self.strict = False
 
     def render(self, messages: Sequence[dict[str, str]]) -> tuple[list[int], str | None]:
         return self.render_text("".join(m["content"] for m in messages))
