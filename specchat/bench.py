@@ -295,14 +295,6 @@ def default_configs(drafter_names: Sequence[str], ks: Sequence[int] = DEFAULT_KS
     return out
 
 
-def exact_ks(ks: Sequence[int], exact_rows: int) -> tuple[int, ...]:
-    """The fixed k whose verify batches (k + 1 rows) are bit-exact, when the backend has an exact
-    batch size at all (exact_rows >= 2; GPUs typically have none, and then every k is kept)."""
-    if exact_rows < 2:
-        return tuple(ks)
-    return tuple(k for k in ks if k + 1 <= exact_rows)
-
-
 def parse_ks(text: str) -> tuple[int, ...]:
     """`--ks 1,2,3,5` -> (1, 2, 3, 5); an empty string means no fixed-k configurations."""
     out: set[int] = set()

@@ -222,5 +222,4 @@ class Options:
             force=self.force,
             strict=self.strict,
             verbose=self.verbose,
-            fixed_k=self.k is not None,
         )

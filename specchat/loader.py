@@ -39,8 +39,6 @@ class LoadConfig:
     offline: bool | None = None
     force: bool = False
     verbose: bool = False
-    #: drafting is forced to a fixed -k N (kept for callers; the target loads the same either way)
-    fixed_k: bool = False
     #: --strict: greedy output equal to one-token decoding token for token (speculative.Settings)
     strict: bool = False
 

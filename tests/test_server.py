@@ -80,7 +80,7 @@ def wait_until(check, timeout: float = 10.0) -> None:  # type: ignore[no-untyped
 def tiny_engine(tiny_pair: tuple[Path, Path]) -> Iterator[loader.LoadedEngine]:
     """The tiny pair loaded as `serve` loads it: a draft model and the n-gram drafter."""
     target, draft = (str(p) for p in tiny_pair)
-    cfg = loader.LoadConfig(target=target, drafts=(draft, "ngram"), ctx_size=512, threads=1, fixed_k=True)
+    cfg = loader.LoadConfig(target=target, drafts=(draft, "ngram"), ctx_size=512, threads=1)
     loaded = loader.load(cfg)
     try:
         yield loader.LoadedEngine(loaded)
