@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import json
 import time
 
@@ -119,11 +118,13 @@ def test_draft_model_is_never_tried_where_it_cannot_pay():
     assert all(k == 0 for _, k in simulate(planner, [0.95], 50))
 
 
-def test_measure_verify_restores_cache_and_is_monotone():
+def test_measure_verify_times_every_size_and_restores_the_cache():
+    # (no ordering is asserted: the curve is not smoothed, since real kernels switch by batch size and
+    # a larger batch can cost less; the fake's microsecond timings are noise in any case)
     m = FakeModel(n_vocab=32)
     m.decode([1, 2, 3], [])
     v = measure_verify(m, 5, reps=2)
-    assert len(v) == 5 and all(b >= a for a, b in itertools.pairwise(v))
+    assert len(v) == 5 and all(t > 0 for t in v)
     assert list(m.tokens) == [1, 2, 3]
 
 
