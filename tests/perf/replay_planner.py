@@ -8,10 +8,13 @@ plus a measured per-round Python cost. Ratios are plain time / speculative time,
 README's "replayed offline" figures come from this script.
 
 Usage:
-  python tests/perf/replay_planner.py TARGET.gguf RESULTS.json [--seeds 6]
-RESULTS.json is what `tests/perf/vs_llama_cpp.py --json` writes (it holds each prompt's plain output);
-the prompts come from tests/perf/copy_prompts.jsonl and the cost curve from the calibration cache
-($SPECCHAT_HOME/calibration.json, written by any `specchat run` with drafting on this machine).
+  python tests/perf/replay_planner.py TARGET.gguf RESULTS.json [--prompts FILE] [--seeds 6] [--curves all]
+RESULTS.json is what `tests/perf/vs_llama_cpp.py --json --prompts FILE` writes (it holds each prompt's
+plain output); FILE defaults to tests/perf/copy_prompts.jsonl (heldout_prompts.jsonl is a second set).
+The cost curve is the newest in the calibration cache ($SPECCHAT_HOME/calibration.json, written by any
+`specchat run` with drafting on this machine); `--curves all` replays under every curve cached there:
+the same VM measured V(4)/V(1) from 2.6 to 3.2 on different days, and a policy change should win
+under both shapes, not only one.
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ from specchat.events import Done, Round  # noqa: E402
 from specchat.speculative import Settings, generate  # noqa: E402
 from specchat.tuning import AutoPlanner  # noqa: E402
 
+#: prompt categories that copy their input (the rest are judged on staying at plain speed)
+COPYING = {"edit", "revision"}
 ROUND_OVERHEAD = 0.0006  # seconds of Python per round (planner + verify), measured with cProfile
 
 
@@ -89,7 +94,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("target")
     ap.add_argument("results", type=Path)
+    ap.add_argument("--prompts", type=Path, default=HERE / "copy_prompts.jsonl")
     ap.add_argument("--seeds", type=int, default=6)
+    ap.add_argument("--curves", choices=("latest", "all"), default="latest")
     args = ap.parse_args()
     sys.path.insert(0, str(HERE))
     from specchat.engine import GGML_TYPE_BF16, LlamaModel, LoadOptions
@@ -99,11 +106,9 @@ def main() -> None:
     margins = [v for k, v in cal.items() if k.startswith("noise3:")]
     if not curves or not margins:
         raise SystemExit("no calibration cached: run `specchat run TARGET --draft ngram -p hi` first")
-    curve, margin = curves[0], 2.0 * float(margins[0])
+    margin = 2.0 * float(margins[-1])
     recorded = json.loads(args.results.read_text())["results"]
-    prompts = {
-        p["name"]: p for p in map(json.loads, (HERE / "copy_prompts.jsonl").read_text().splitlines()) if p
-    }
+    prompts = {p["name"]: p for p in map(json.loads, args.prompts.read_text().splitlines()) if p}
     cases = {}
     with LlamaModel(Path(args.target), LoadOptions(n_ctx=4096, type_v=GGML_TYPE_BF16)) as m:
         for name, runs in recorded.items():
@@ -118,7 +123,7 @@ def main() -> None:
                 gaps.append(float(top2[1] - top2[0]))
             cases[name] = (prompt, output, gaps)
 
-    def ratio(name: str, seed: int) -> float:
+    def ratio(name: str, seed: int, curve: list[float]) -> float:
         prompt, output, gaps = cases[name]
         ids = {t: i for i, t in enumerate(sorted({*prompt, *output, 0}))}
         p, o = [ids[t] for t in prompt], [ids[t] for t in output]
@@ -136,11 +141,18 @@ def main() -> None:
                 made = ev.stats.generated_tokens
         return made * (curve[0] + ROUND_OVERHEAD) / spent
 
+    def geomean(xs: list[float]) -> float:
+        return math.exp(statistics.fmean(math.log(x) for x in xs)) if xs else float("nan")
+
     names = list(cases)
-    res = [statistics.fmean(ratio(n, s) for s in range(args.seeds)) for n in names]
-    print("replayed n-gram auto (simulated, not measured): " + ", ".join(
-        f"{n} {r:.2f}x" for n, r in zip(names, res, strict=True)
-    ) + f"; geomean {math.exp(statistics.fmean(math.log(r) for r in res)):.2f}x")  # fmt: skip
+    copying = {n for n in names if prompts[n].get("category") in COPYING}
+    for curve in curves if args.curves == "all" else curves[-1:]:
+        shape = ", ".join(f"V({n}) {curve[n - 1] / curve[0]:.2f}" for n in (2, 4, 16))
+        res = {n: statistics.fmean(ratio(n, s, curve) for s in range(args.seeds)) for n in names}
+        print(f"replayed n-gram auto (simulated, not measured), curve {shape}: " + ", ".join(
+            f"{n} {r:.2f}x" for n, r in res.items()
+        ) + f"; geomean copying {geomean([res[n] for n in copying]):.3f}x, "
+            f"others {geomean([res[n] for n in names if n not in copying]):.3f}x")  # fmt: skip
 
 
 if __name__ == "__main__":
