@@ -135,10 +135,23 @@ def best_k(
     `drift_cost` is the expected cost per token a non-exact batch leaves in the cache: its K/V
     are not what one-token decoding writes, so a later near-tie has them re-decoded exactly."""
     best, best_speed = 0, 1.0 / v[0]
+    # round_value and expected_tokens of every prefix in one pass (the planner runs this every
+    # round over up to 48 depths): the same sums, added in the same order, as calling them per k
+    beta = 1.0 - tie
+    total, run = 1.0, 1.0  # expected_tokens(rates[:k])
+    walked, tied, reach = 0.0, 0.0, 1.0  # round_value's walk over the k drafted rows
     for k in range(1, len(rates) + 1):
+        r = rates[k - 1]
+        run *= r
+        total += run
+        tied += reach * tie
+        walked += reach * beta
+        reach *= beta * r
         inexact = k + 1 > exact_n
-        t = tie if inexact else 0.0
-        e, p_tie = round_value(rates[:k], t)
+        if inexact and tie > 0.0:
+            e, p_tie = walked + reach * beta, tied + reach * tie  # + the row after the drafts
+        else:
+            e, p_tie = total, 0.0
         drift = e * drift_cost if inexact else 0.0
         speed = (e + p_tie) / (overhead + k * draft_cost + v[k] + p_tie * v[0] + drift)
         if speed > best_speed:
@@ -233,9 +246,10 @@ class AutoPlanner:
                 out.append(self.costs.v(n) * scale)
         return out
 
-    def can_pay(self, drafter: int) -> bool:
-        """Whether this drafter could beat plain decoding even if every draft were accepted."""
-        v = self._verify_curve(self.k_max)
+    def can_pay(self, drafter: int, v: list[float] | None = None) -> bool:
+        """Whether this drafter could beat plain decoding even if every draft were accepted
+        (`v`: the verify curve up to k_max, when the caller has it already)."""
+        v = self._verify_curve(self.k_max) if v is None else v
         k, _ = best_k(
             [1.0] * self.k_max,
             v,
@@ -267,11 +281,12 @@ class AutoPlanner:
         self.last_choice = (None, 0)
         if k_cap <= 0:
             return self.last_choice
-        v = self._verify_curve(k_cap)
+        full = self._verify_curve(self.k_max)  # once per round: can_pay needs it all, the choice k_cap
+        v = full[: k_cap + 1]
         best_speed = 1.0 / v[0]
         tie = self.tie_rate
         for i, route in enumerate(routes):
-            if route is None or not self.can_pay(i):
+            if route is None or not self.can_pay(i, full):
                 continue
             rates = self.acceptance(i, route).rates(k_cap, self.rng if self.explore else None)
             lag = lags[i] if i < len(lags) else 0

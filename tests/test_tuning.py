@@ -10,13 +10,43 @@ import pytest
 
 from specchat.calibration import Costs, calibrate, measure_verify
 from specchat.events import Round
-from specchat.tuning import AutoPlanner, best_k, expected_tokens
+from specchat.tuning import AutoPlanner, best_k, expected_tokens, round_value
 
 from .fakes import FakeModel
 
 # measured on the 2-core CI machine for the default pair (issue 5): V(1..9) in seconds
 CPU_V = [0.035, 0.051, 0.065, 0.077, 0.095, 0.114, 0.138, 0.162, 0.180]
 GPU_V = [0.010] * 9  # a verify batch costs what one token costs
+
+
+def test_best_k_in_one_pass_equals_round_value_per_k():
+    """best_k accumulates every prefix's round_value in one pass; it must choose exactly what the
+    per-k definition (round_value of each prefix, priced as its docstring says) chooses."""
+
+    def by_definition(rates, v, draft_cost, *, tie, exact_n, overhead, drift_cost):
+        best, best_speed = 0, 1.0 / v[0]
+        for k in range(1, len(rates) + 1):
+            inexact = k + 1 > exact_n
+            e, p_tie = round_value(rates[:k], tie if inexact else 0.0)
+            drift = e * drift_cost if inexact else 0.0
+            speed = (e + p_tie) / (overhead + k * draft_cost + v[k] + p_tie * v[0] + drift)
+            if speed > best_speed:
+                best, best_speed = k, speed
+        return best, best_speed
+
+    rng = np.random.default_rng(7)
+    for case in range(2000):
+        n = int(rng.integers(1, 49))
+        rates = [1.0] * n if case % 3 == 0 else list(rng.uniform(0.0, 1.0, n))
+        v = list(np.cumsum(rng.uniform(0.001, 0.03, n + 1)))
+        kw = {
+            "tie": float(rng.uniform(0.0, 0.6)) if case % 2 else 0.0,
+            "exact_n": int(rng.integers(0, 6)),
+            "overhead": float(rng.uniform(0.0, 0.05)) if case % 5 else 0.0,
+            "drift_cost": float(rng.uniform(0.0, 0.01)) if case % 4 else 0.0,
+        }
+        draft_cost = float(rng.uniform(0.0, 0.02))
+        assert best_k(rates, v, draft_cost, **kw) == by_definition(rates, v, draft_cost, **kw), kw
 
 
 def test_expected_tokens_matches_geometric_formula():
