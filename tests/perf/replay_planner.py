@@ -8,13 +8,13 @@ plus a measured per-round Python cost. Ratios are plain time / speculative time,
 README's "replayed offline" figures come from this script.
 
 Usage:
-  python tests/perf/replay_planner.py TARGET.gguf RESULTS.json [--prompts FILE] [--seeds 6] [--curves all]
+  python tests/perf/replay_planner.py TARGET.gguf RESULTS.json [--prompts FILE] [--seeds 6] [--curves own|all]
 RESULTS.json is what `tests/perf/vs_llama_cpp.py --json --prompts FILE` writes (it holds each prompt's
 plain output); FILE defaults to tests/perf/copy_prompts.jsonl (heldout_prompts.jsonl is a second set).
-The cost curve is the newest in the calibration cache ($SPECCHAT_HOME/calibration.json, written by any
-`specchat run` with drafting on this machine); `--curves all` replays under every curve cached there:
-the same VM measured V(4)/V(1) from 2.6 to 3.2 on different days, and a policy change should win
-under both shapes, not only one.
+The cost curve, tie margin and exact batch size are this target's own, as a live run gets them (from
+the calibration cache, $SPECCHAT_HOME/calibration.json, else measured now); `--curves all` also replays
+under every other verify curve cached there: the same VM measured V(4)/V(1) from 2.6 to 3.2 on
+different days, and a policy change should win under both shapes, not only one.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
 
 from specchat import store  # noqa: E402
-from specchat.calibration import Costs  # noqa: E402
+from specchat.calibration import Costs, calibrate, exact_rows, tie_margin  # noqa: E402
 from specchat.drafters import NGRAM_ROUTE_PRIORS, NgramDrafter  # noqa: E402
 from specchat.events import Done, Round  # noqa: E402
 from specchat.speculative import Settings, generate  # noqa: E402
@@ -96,21 +96,19 @@ def main() -> None:
     ap.add_argument("results", type=Path)
     ap.add_argument("--prompts", type=Path, default=HERE / "copy_prompts.jsonl")
     ap.add_argument("--seeds", type=int, default=6)
-    ap.add_argument("--curves", choices=("latest", "all"), default="latest")
+    ap.add_argument("--curves", choices=("own", "all"), default="own")
     args = ap.parse_args()
     sys.path.insert(0, str(HERE))
-    from specchat.engine import GGML_TYPE_BF16, LlamaModel, LoadOptions
+    from specchat.engine import GGML_TYPE_BF16, LlamaModel, LoadOptions, backend_info
 
-    cal = store.read_json(store.home() / "calibration.json")
-    curves = [v for k, v in cal.items() if k.startswith("verify:") and isinstance(v, list) and len(v) == 49]
-    margins = [v for k, v in cal.items() if k.startswith("noise3:")]
-    if not curves or not margins:
-        raise SystemExit("no calibration cached: run `specchat run TARGET --draft ngram -p hi` first")
-    margin = 2.0 * float(margins[-1])
     recorded = json.loads(args.results.read_text())["results"]
     prompts = {p["name"]: p for p in map(json.loads, args.prompts.read_text().splitlines()) if p}
     cases = {}
     with LlamaModel(Path(args.target), LoadOptions(n_ctx=4096, type_v=GGML_TYPE_BF16)) as m:
+        # this target's own measurements, as a live run gets them (from the cache, else measured)
+        backend = str(backend_info().get("system_info", ""))
+        margin, exact_n = tie_margin(m, backend=backend), exact_rows(m, backend=backend)
+        own = calibrate(m, [None], backend=backend).verify
         for name, runs in recorded.items():
             prompt = m.tokenize(chatml(prompts[name]["messages"]))
             output = runs["specchat plain"][0]["tokens"]
@@ -122,17 +120,22 @@ def main() -> None:
                 top2 = np.partition(row, -2)[-2:]
                 gaps.append(float(top2[1] - top2[0]))
             cases[name] = (prompt, output, gaps)
+    curves = [own]
+    if args.curves == "all":  # every other verify curve cached on this machine, measured earlier
+        cal = store.read_json(store.home() / "calibration.json")
+        curves += [v for k, v in cal.items() if k.startswith("verify:") and isinstance(v, list)
+                   and len(v) == len(own) and v != own]  # fmt: skip
 
     def ratio(name: str, seed: int, curve: list[float]) -> float:
         prompt, output, gaps = cases[name]
         ids = {t: i for i, t in enumerate(sorted({*prompt, *output, 0}))}
         p, o = [ids[t] for t in prompt], [ids[t] for t in output]
         planner = AutoPlanner(
-            Costs(list(curve), [0.0], exact_n=3), [(1.0, 1.0)], route_priors=[NGRAM_ROUTE_PRIORS],
+            Costs(list(curve), [0.0], exact_n=exact_n), [(1.0, 1.0)], route_priors=[NGRAM_ROUTE_PRIORS],
             rng=np.random.default_rng(seed), learn_costs=False,
         )  # fmt: skip
         spent, made = 0.0, 0
-        settings = Settings(max_tokens=len(o), tie_margin=margin, exact_rows=3)
+        settings = Settings(max_tokens=len(o), tie_margin=margin, exact_rows=exact_n)
         for ev in generate(Replay(p, o, gaps, len(ids)), p, drafters=[NgramDrafter()], planner=planner,
                            settings=settings):  # fmt: skip
             if isinstance(ev, Round):
@@ -146,7 +149,7 @@ def main() -> None:
 
     names = list(cases)
     copying = {n for n in names if prompts[n].get("category") in COPYING}
-    for curve in curves if args.curves == "all" else curves[-1:]:
+    for curve in curves:
         shape = ", ".join(f"V({n}) {curve[n - 1] / curve[0]:.2f}" for n in (2, 4, 16))
         res = {n: statistics.fmean(ratio(n, s, curve) for s in range(args.seeds)) for n in names}
         print(f"replayed n-gram auto (simulated, not measured), curve {shape}: " + ", ".join(
