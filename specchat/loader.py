@@ -214,10 +214,11 @@ def fit_before_download(
     from . import hub
     from .errors import SpecchatError
 
+    where = [ref.path if ref.path is not None else hub.cached_path(ref) for ref in refs]
+    if all(p is not None and p.is_file() for p in where):
+        return  # nothing to download: `load` reads each header once, after `locate`
     models: list[hardware.ModelFootprint] = []
-    downloads = 0
-    for ref in refs:
-        on_disk = ref.path if ref.path is not None else hub.cached_path(ref)
+    for ref, on_disk in zip(refs, where, strict=True):
         if on_disk is not None and on_disk.is_file():
             try:
                 info = read_gguf(on_disk, allow_truncated=True)
@@ -228,7 +229,6 @@ def fit_before_download(
         size = hub.download_size(ref, offline=offline)
         if size is None:
             return
-        downloads += 1
         entry = ref.entry
         models.append(
             hardware.estimate_from_size(
@@ -239,8 +239,6 @@ def fit_before_download(
                 quant=ref.quant or (entry.quant if entry is not None and ref.file == entry.file else None),
             )
         )
-    if downloads == 0:
-        return
     footprint = hardware.Footprint(models=tuple(models), n_ctx=ctx_size, estimated=True)
     offload, memory = _offload_and_memory(gpu_layers)
     hardware.fit_check(footprint, gpu_offload=offload, vram_bytes=None, force=False, memory=memory)
