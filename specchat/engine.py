@@ -33,9 +33,10 @@ class LoadOptions:
     verbose: bool = False
     #: llama.cpp's CPU "extra buffers" repack quantised weights for faster batched matmuls, but their
     #: GEMM kernel (used from 4 rows up on x86) rounds differently from the one-token path, enough to
-    #: flip near-tied greedy choices. A target forced to a fixed -k loads with repack off, which keeps
-    #: verify batches of up to 7 rows bit-identical to one-token decoding (measured: calibration.exact_batch);
-    #: auto mode keeps repack and drafts only within the exact batch it measures (3 rows on x86).
+    #: flip near-tied greedy choices. Without repack, batches of up to 7 rows are bit-identical to
+    #: one-token decoding (measured: calibration.exact_batch), but every target loads with it on
+    #: (loader.load: one target, one output) and rows beyond the exact batch use the tie margin; off
+    #: only for the build self-check's reference evaluation (buildcheck).
     repack: bool = True
     #: ggml type of the V cache (None: llama.cpp's default, f16). A verifying CPU target keeps
     #: V in bf16: with K and V of different types llama.cpp's CPU flash attention runs one query row
