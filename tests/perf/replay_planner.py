@@ -9,12 +9,18 @@ README's "replayed offline" figures come from this script.
 
 Usage:
   python tests/perf/replay_planner.py TARGET.gguf RESULTS.json [--prompts FILE] [--seeds 6] [--curves own|all]
+                                     [--oracle]
 RESULTS.json is what `tests/perf/vs_llama_cpp.py --json --prompts FILE` writes (it holds each prompt's
 plain output); FILE defaults to tests/perf/copy_prompts.jsonl (heldout_prompts.jsonl is a second set).
 The cost curve, tie margin and exact batch size are this target's own, as a live run gets them (from
 the calibration cache, $SPECCHAT_HOME/calibration.json, else measured now); `--curves all` also replays
 under every other verify curve cached there: the same VM measured V(4)/V(1) from 2.6 to 3.2 on
 different days, and a policy change should win under both shapes, not only one.
+
+`--oracle` also prints, per prompt, the hindsight bound for this drafter: the best draft length for
+every round chosen knowing the answer (dynamic programming over positions), with the tie margin
+stopping rounds exactly as it does live. No planner can beat it with this drafter and curve, so it
+says how much of a gap is the planner's and how much the hardware's.
 """
 
 from __future__ import annotations
@@ -84,6 +90,46 @@ class Replay:
         return b"x"
 
 
+def hindsight_ratio(
+    prompt: list[int], output: list[int], gaps: list[float], curve: list[float], margin: float, exact_n: int
+) -> float:
+    """Plain time / the fastest schedule of rounds any planner could choose with the n-gram drafter.
+
+    best[i][r]: seconds to finish from output position i; r = 1 when a near-tie stopped the round
+    before, so this round may only verify an exact batch (the loop re-checks that position as
+    one-token decoding does). A round from i with k drafts walks its rows: an inexact batch stops
+    at a row whose top-2 gap is within the margin (committing the drafts before it), a wrong draft
+    gives the target's correction, k right drafts give k + 1 tokens."""
+    n_out, k_top = len(output), len(curve) - 1
+    drafter = NgramDrafter()
+    props = []
+    for i in range(n_out):
+        ctx = prompt + output[:i]
+        props.append(drafter.propose(ctx, k_top, None, None).tokens if drafter.route(ctx) else [])  # type: ignore[arg-type]
+    v = [c + ROUND_OVERHEAD for c in curve]
+    best = [[0.0, 0.0] for _ in range(n_out + 1)]
+    for i in range(n_out - 1, -1, -1):
+        for after_tie in (1, 0):  # best[i][1] first: a tie on row 0 hands position i to it
+            here = v[0] + best[i + 1][0]
+            p = props[i]
+            for k in range(1, min(len(p), k_top, n_out - i - 1) + 1):
+                inexact = k + 1 > exact_n
+                if after_tie and inexact:
+                    break
+                j = 0
+                while True:
+                    if inexact and gaps[i + j] < margin:
+                        t = v[k] + best[i + j][1]
+                        break
+                    if j == k or p[j] != output[i + j]:
+                        t = v[k] + best[min(n_out, i + j + 1)][0]
+                        break
+                    j += 1
+                here = min(here, t)
+            best[i][after_tie] = here
+    return n_out * v[0] / best[0][0]
+
+
 def chatml(messages: list[dict[str, str]]) -> str:
     from vs_llama_cpp import chatml as render  # the same rendering the measurement used
 
@@ -97,6 +143,7 @@ def main() -> None:
     ap.add_argument("--prompts", type=Path, default=HERE / "copy_prompts.jsonl")
     ap.add_argument("--seeds", type=int, default=6)
     ap.add_argument("--curves", choices=("own", "all"), default="own")
+    ap.add_argument("--oracle", action="store_true", help="also print the hindsight bound per prompt")
     args = ap.parse_args()
     sys.path.insert(0, str(HERE))
     from specchat.engine import GGML_TYPE_BF16, LlamaModel, LoadOptions, backend_info
@@ -156,6 +203,12 @@ def main() -> None:
             f"{n} {r:.2f}x" for n, r in res.items()
         ) + f"; geomean copying {geomean([res[n] for n in copying]):.3f}x, "
             f"others {geomean([res[n] for n in names if n not in copying]):.3f}x")  # fmt: skip
+        if args.oracle:
+            bound = {n: hindsight_ratio(*cases[n], curve, margin, exact_n) for n in names}
+            print("  hindsight bound (best k per round knowing the answer): " + ", ".join(
+                f"{n} {r:.2f}x" for n, r in bound.items()
+            ) + f"; geomean copying {geomean([bound[n] for n in copying]):.3f}x, "
+                f"others {geomean([bound[n] for n in names if n not in copying]):.3f}x")  # fmt: skip
 
 
 if __name__ == "__main__":
