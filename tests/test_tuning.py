@@ -366,3 +366,14 @@ def test_a_depth_without_evidence_is_not_less_likely_than_the_one_before():
     rates = acc.rates(8, None)
     assert rates[3] >= rates[2] and rates[7] >= rates[2]  # beyond: no evidence, borrowed
     assert rates[2] < rates[1]  # depth 2 has its own (bad) evidence and keeps it
+
+
+def test_a_strict_planner_keeps_to_the_exact_batch_from_its_first_round():
+    """Under --strict a drifted token is assumed re-decoded (within a long answer some near-tie nearly
+    always follows), so even a route that is always right is verified within the bit-exact batch on
+    a CPU; without --strict the same planner verifies it in long batches."""
+    costs = Costs(list(REPACK_V), [0.0], exact_n=3)
+    strict = AutoPlanner(costs, [(50.0, 1.0)], explore=False, strict=True)
+    loose = AutoPlanner(Costs(list(REPACK_V), [0.0], exact_n=3), [(50.0, 1.0)], explore=False)
+    assert strict.plan(100, ["match 16+"]) == (0, 2)
+    assert loose.plan(100, ["match 16+"])[1] > 2
