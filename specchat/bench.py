@@ -257,6 +257,9 @@ class Config:
     name: str
     drafters: tuple[int, ...] = ()
     k: int | None = 0
+    #: decode as `--strict` does (greedy output equal to plain token for token): the exact mode's
+    #: cost is measured next to the default's in the same run
+    strict: bool = False
 
     @property
     def plain(self) -> bool:
@@ -280,10 +283,12 @@ def drafter_labels(names: Sequence[str]) -> list[str]:
 
 
 def default_configs(drafter_names: Sequence[str], ks: Sequence[int] = DEFAULT_KS) -> list[Config]:
-    """Plain; each drafter alone at each fixed k and in auto; all drafters in auto when there are several.
+    """Plain; each drafter alone at each fixed k and in auto; all drafters in auto when there are
+    several; and that last auto again under `--strict`.
 
     Fixed k per drafter is what "the best fixed k in hindsight" is chosen from, so the auto planner can
-    be judged against it on every prompt.
+    be judged against it on every prompt. The strict run shows, in the same run and audit, what
+    token-for-token equality with plain decoding costs on this machine.
     """
     labels = drafter_labels(drafter_names)
     out = [Config("plain")]
@@ -292,6 +297,9 @@ def default_configs(drafter_names: Sequence[str], ks: Sequence[int] = DEFAULT_KS
         out.append(Config(f"{label} auto", (i,), None))
     if len(labels) > 1:
         out.append(Config("auto (all)", tuple(range(len(labels))), None))
+    if labels:
+        last = out[-1]
+        out.append(Config(f"{last.name} --strict", last.drafters, None, strict=True))
     return out
 
 
@@ -318,9 +326,12 @@ class _Pair:
 
     target: Model
     drafters: list[Drafter]
+    strict: bool = False
 
 
-def planner_factory(target: Model, drafters: Sequence[Drafter]) -> Callable[[Config], Planner]:
+def planner_factory(
+    target: Model, drafters: Sequence[Drafter], *, strict: bool = False
+) -> Callable[[Config], Planner]:
     """Fresh planners per generation, built exactly as `specchat run` builds them.
 
     Auto planners come from `tuning.make_planner` (calibrated costs, cached on disk after the first
@@ -334,7 +345,8 @@ def planner_factory(target: Model, drafters: Sequence[Drafter]) -> Callable[[Con
             return FixedK(0)
         if cfg.k is not None:
             return FixedK(cfg.k)
-        return make_planner(_Pair(target, [drafters[i] for i in cfg.drafters]), None)  # type: ignore[no-any-return]
+        pair = _Pair(target, [drafters[i] for i in cfg.drafters], strict or cfg.strict)
+        return make_planner(pair, None)  # type: ignore[no-any-return]
 
     return make
 
@@ -387,7 +399,7 @@ def generate_once(
             params=SamplingParams(temperature=0.0),
             tie_margin=tie_margin,
             exact_rows=exact_rows,
-            strict=strict,
+            strict=strict or cfg.strict,
         ),
         rng=np.random.default_rng(0),
     )
@@ -865,6 +877,7 @@ class BenchResult:
                     "name": c.name,
                     "drafters": [self.drafters[i] for i in c.drafters],
                     "k": "auto" if c.auto else (c.k or 0),
+                    "strict": c.strict,
                 }
                 for c in self.configs
             ],
@@ -920,7 +933,7 @@ def run_bench(
         raise ValueError("the configurations must include plain decoding: speedups are relative to it")
     if repeats < 1 or max_tokens < 1:
         raise ValueError("repeats and max_tokens must be >= 1")
-    make = planner_for or planner_factory(target, drafters)
+    make = planner_for or planner_factory(target, drafters, strict=strict)
     labels = drafter_labels([d.name for d in drafters])
     report = progress or (lambda _d, _t, _l: None)
     n_gen = len(prompts) * (len(configs) + len(references)) * repeats

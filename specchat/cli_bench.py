@@ -181,6 +181,8 @@ def bench(
         if fixed_ks is None:
             fixed_ks = core.DEFAULT_KS  # batches beyond the bit-exact size verify with the tie margin
         configs = core.default_configs([d.name for d in loaded.drafters], fixed_ks)
+        if loaded.strict:  # every configuration is strict already: no separate strict run
+            configs = [c for c in configs if not c.strict]
         meta = _meta(loaded, drafts)
         refs = _references(ref_exe, loaded, max_tokens, opts) if ref_exe is not None else {}
         result = _run_with_progress(

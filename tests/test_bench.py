@@ -334,7 +334,13 @@ def test_default_configs_and_ks():
         "ngram k=3",
         "ngram auto",
         "auto (all)",
+        "auto (all) --strict",
     ]
+    strict = [c for c in default_configs(["/m/draft-0.5b.gguf", "ngram"], ks=(1,)) if c.strict]
+    assert [(c.drafters, c.k) for c in strict] == [((0, 1), None)]
+    only_ngram = [c.name for c in default_configs(["ngram"], ks=())]
+    assert only_ngram == ["plain", "ngram auto", "ngram auto --strict"]
+    assert [c.name for c in default_configs([], ks=(1,))] == ["plain"]
     assert parse_ks("5, 1,2,2") == (1, 2, 5)
     assert parse_ks("") == ()
     for bad in ("1,x", "0", "65"):
@@ -573,3 +579,32 @@ def test_prompts_file_takes_multi_turn_conversations(tmp_path):
     f.write_text(json.dumps({"name": "bad", "messages": turns[:2]}) + "\n")
     with pytest.raises(BadInput, match="ending with a user message"):
         load_prompts(f)
+
+
+def test_the_strict_config_is_planned_and_decoded_as_strict(clock):
+    """`auto (all) --strict` prices drift as `specchat run --strict` does, and decodes with its repairs:
+    on a target whose long batches drift, its outputs are plain decoding's token for token."""
+    from .test_speculative import DriftModel
+
+    target, drafters = flat_gpu_pair(clock)
+    cfgs = {c.name: c for c in default_configs([d.name for d in drafters], ks=())}
+    make = bench.planner_factory(target, drafters)
+    assert make(cfgs["auto (all) --strict"]).drift[0] > 0  # type: ignore[attr-defined]
+    assert make(cfgs["auto (all)"]).drift[0] == 0  # type: ignore[attr-defined]
+
+    eps = 0.3
+    drifting = DriftModel(eps, 3, seed=4, n_vocab=8, sharpness=2.0)
+    draft = FakeModel(seed=4, n_vocab=8, table=drifting.table)
+    configs = [bench.Config("plain"), bench.Config("loose", (0,), None),
+               bench.Config("exact", (0,), None, strict=True)]  # fmt: skip
+    # prompts of 4 tokens: their prefill (3 rows) is within the exact size, so plain decoding is clean
+    short = [PreparedPrompt(f"p{i}", "test", (1 + i, 2, 3 + i, 4)) for i in range(6)]
+    res = run_bench(
+        drifting, [ModelDrafter(draft, p_min=0.0)], short, configs, max_tokens=60, repeats=1,
+        planner_for=lambda c: FixedK(0 if c.plain else 6), warmup=False, audit=False,
+        tie_margin=2 * eps, exact_rows=3,
+    )  # fmt: skip
+    out = {(m.prompt, m.config): m.tokens for m in res.measurements}
+    names = [p.name for p in short]
+    assert all(out[(n, "exact")] == out[(n, "plain")] for n in names)
+    assert any(out[(n, "loose")] != out[(n, "plain")] for n in names)  # the drift is real
