@@ -129,13 +129,10 @@ def results_file() -> Path:
     return store.home() / "buildcheck.json"
 
 
-_read_all = store.read_json
-
-
 def stored_result(identity: dict[str, Any] | None = None) -> CheckResult | None:
     """The verdict recorded for this build (or `identity`), or None when it was never checked."""
     ident = identity or build_identity()
-    row = _read_all(results_file()).get(ident["key"])
+    row = store.read_json(results_file()).get(ident["key"])
     if not isinstance(row, dict):
         return None
     try:
@@ -155,7 +152,7 @@ def stored_result(identity: dict[str, Any] | None = None) -> CheckResult | None:
 def record(result: CheckResult, *, keep: int = 8) -> None:
     """Store a verdict under its build key (the newest `keep` builds are remembered); best effort."""
     path = results_file()
-    data = _read_all(path)
+    data = store.read_json(path)
     data.pop(result.key, None)
     data[result.key] = asdict(result)
     for old in list(data)[:-keep]:

@@ -27,8 +27,10 @@ from .model import Model
 
 K_MAX = 48  # drafts per round at most: long copies (whole-file rewrites) pay up to ~48 on a CPU
 #: verify batch sizes calibration measures; V(n) between them is interpolated (measuring all 49
-#: would take a minute on a 2-core CPU; the curve is smooth between kernel switches, which sit at
-#: small sizes: 2-4 rows on llama.cpp's CPU backend, where every size is measured)
+#: would take a minute on a 2-core CPU). Every size is measured up to 9, where llama.cpp's CPU
+#: backend switches kernels (4 rows with repacked weights, 8 without); beyond that its curve steps
+#: (repacked GEMM in 4-row blocks: V(16) below both V(15) and V(17) on the default pair), which
+#: interpolation smooths over, but planning with all 49 sizes measured replayed no faster (README)
 VERIFY_SIZES: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 24, 32, 49)
 #: batch size whose per-token cost prices a draft model's catching up (Drafter.lag)
 CATCH_UP_BATCH = 16
@@ -259,21 +261,17 @@ def _cache_file() -> Path:
     return store.home() / "calibration.json"
 
 
-_read_cache = store.read_json  # a missing or damaged file just means measuring again
-_write_cache = store.write_json  # a read-only cache only costs a re-measurement
-
-
 def _cached(key: str, valid: Callable[[object], bool], measure: Callable[[], object], use_cache: bool) -> Any:
     """One calibration measurement: from the on-disk cache when a valid value is there, else measured
     now (and stored, unless use_cache is off)."""
     path = _cache_file()
-    cache = _read_cache(path) if use_cache else {}
+    cache = store.read_json(path) if use_cache else {}
     value = cache.get(key)
     if not valid(value):
         value = measure()
         if use_cache:
             cache[key] = value
-            _write_cache(path, cache)
+            store.write_json(path, cache)
     return value
 
 
@@ -301,7 +299,7 @@ def calibrate(
     notes: list[str] = []
     key = "verify:" + _key(target, f"{backend}:{k_max}")
     path = _cache_file()
-    cache = _read_cache(path) if use_cache else {}
+    cache = store.read_json(path) if use_cache else {}
     verify = cache.get(key)
     if isinstance(verify, list) and len(verify) == n and cached_curve_is_stale(target, verify):
         notes.append(
@@ -312,7 +310,7 @@ def calibrate(
         verify, trustworthy = measure_verify_quietly(target, n, notes)
         if use_cache and trustworthy:
             cache[key] = verify
-            _write_cache(path, cache)
+            store.write_json(path, cache)
     exact_n = exact_rows(target, k_max=k_max, backend=backend, use_cache=use_cache)
     draft: list[float] = []
     catch_up: list[float] = []

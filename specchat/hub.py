@@ -52,6 +52,7 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
+from specchat import store
 from specchat.errors import BadInput, DownloadError, ModelFileError, ModelNotFound, OfflineError
 from specchat.registry import Mirror, ModelRef, check_repo_file, pick_quant_file
 
@@ -102,28 +103,15 @@ def is_offline(offline: bool | None = None) -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in _TRUE
 
 
-def _env_path(name: str) -> Path | None:
-    value = os.environ.get(name)
-    return Path(os.path.expandvars(value)).expanduser() if value else None
-
-
-def _user_cache_dir() -> Path:
-    """The platform's per-user cache folder (what platformdirs would say, without the dependency)."""
-    if sys.platform == "win32":
-        return Path(os.environ.get("LOCALAPPDATA") or Path.home() / "AppData" / "Local")
-    if sys.platform == "darwin":
-        return Path.home() / "Library" / "Caches"
-    return _env_path("XDG_CACHE_HOME") or Path.home() / ".cache"
-
-
 def cache_dirs() -> dict[str, Path]:
     """Where models live, for `specchat doctor` and for this module.
 
     Keys: hf_home, hf_hub_cache (Hub downloads), specchat_home, mirror_models (mirror downloads).
     """
-    hf_home = _env_path("HF_HOME") or (_env_path("XDG_CACHE_HOME") or Path.home() / ".cache") / "huggingface"
-    hub_cache = _env_path("HF_HUB_CACHE") or _env_path("HUGGINGFACE_HUB_CACHE") or hf_home / "hub"
-    home = _env_path("SPECCHAT_HOME") or _user_cache_dir() / "specchat"
+    xdg_cache = store.env_path("XDG_CACHE_HOME") or Path.home() / ".cache"  # huggingface_hub's rule
+    hf_home = store.env_path("HF_HOME") or xdg_cache / "huggingface"
+    hub_cache = store.env_path("HF_HUB_CACHE") or store.env_path("HUGGINGFACE_HUB_CACHE") or hf_home / "hub"
+    home = store.home()
     return {
         "hf_home": hf_home,
         "hf_hub_cache": hub_cache,

@@ -1,24 +1,39 @@
-"""Where specchat keeps its own small state files (calibration, build-check verdicts), and how they
-are read and written: best effort, because each only saves a re-measurement.
+"""Where specchat keeps its own files (calibration, build-check verdicts, chat history, mirrored
+model downloads), and how its small state files are read and written: best effort, because each
+only saves a re-measurement.
 
-`SPECCHAT_HOME`, else `$XDG_CACHE_HOME/specchat`, else `~/.cache/specchat` (hub.py puts mirrored
-model files under the same folder).
+`SPECCHAT_HOME`, else the platform's per-user cache folder + `specchat` (`$XDG_CACHE_HOME` or
+`~/.cache` on Linux, `~/Library/Caches` on macOS, `%LOCALAPPDATA%` on Windows). hub.py's
+`cache_dirs()["specchat_home"]` is this folder.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
 
+def env_path(name: str) -> Path | None:
+    """An environment variable naming a folder, with `~` and `$VARS` expanded; None when unset."""
+    value = os.environ.get(name)
+    return Path(os.path.expandvars(value)).expanduser() if value else None
+
+
+def user_cache_dir() -> Path:
+    """The platform's per-user cache folder (what platformdirs would say, without the dependency)."""
+    if sys.platform == "win32":
+        return Path(os.environ.get("LOCALAPPDATA") or Path.home() / "AppData" / "Local")
+    if sys.platform == "darwin":
+        return Path.home() / "Library" / "Caches"
+    return env_path("XDG_CACHE_HOME") or Path.home() / ".cache"
+
+
 def home() -> Path:
     """specchat's own cache folder (not created here)."""
-    return Path(
-        os.environ.get("SPECCHAT_HOME")
-        or os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "specchat")
-    )
+    return env_path("SPECCHAT_HOME") or user_cache_dir() / "specchat"
 
 
 def read_json(path: Path) -> dict[str, Any]:
