@@ -103,24 +103,6 @@ def expected_tokens(rates: Sequence[float]) -> float:
     return total
 
 
-def round_value(rates: Sequence[float], tie: float) -> tuple[float, float]:
-    """(expected tokens, expected probability of a near-tie stop) for one round whose rows each fall
-    within the tie margin with probability `tie`.
-
-    Every row reached and not tied yields one token (an accepted draft, a correction or the bonus);
-    a tied row yields nothing and hands its position to a one-token round. So with β = 1 − tie the
-    round is a walk with acceptance β·α_i, and E = β · expected_tokens(β·α)."""
-    if tie <= 0.0:
-        return expected_tokens(rates), 0.0
-    beta = 1.0 - tie
-    reach, e, p_tie = 1.0, 0.0, 0.0
-    for r in [*rates, 0.0]:  # the last row (bonus) is reached like the others, then the walk ends
-        p_tie += reach * tie
-        e += reach * beta
-        reach *= beta * r
-    return e, p_tie
-
-
 def best_k(
     rates: Sequence[float],
     v: list[float],
@@ -140,11 +122,14 @@ def best_k(
     `drift_cost` is the expected cost per token a non-exact batch leaves in the cache: its K/V
     are not what one-token decoding writes, so a later near-tie has them re-decoded exactly."""
     best, best_speed = 0, 1.0 / v[0]
-    # round_value and expected_tokens of every prefix in one pass (the planner runs this every
-    # round over up to 48 depths): the same sums, added in the same order, as calling them per k
+    # A round's value, for every prefix in one pass (the planner runs this every round over up to
+    # 48 depths). Each row reached and not tied yields one token (an accepted draft, a correction or
+    # the bonus); a tied row yields nothing and hands its position to a one-token round: with
+    # β = 1 − tie the round is a walk with acceptance β·α_i. (tests/test_tuning.py keeps the per-k
+    # definition, round_value, and checks this pass against it.)
     beta = 1.0 - tie
     total, run = 1.0, 1.0  # expected_tokens(rates[:k])
-    walked, tied, reach = 0.0, 0.0, 1.0  # round_value's walk over the k drafted rows
+    walked, tied, reach = 0.0, 0.0, 1.0  # that walk over the k drafted rows
     for k in range(1, len(rates) + 1):
         r = rates[k - 1]
         run *= r

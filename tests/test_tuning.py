@@ -10,13 +10,32 @@ import pytest
 
 from specchat.calibration import Costs, calibrate, measure_verify
 from specchat.events import Round
-from specchat.tuning import AutoPlanner, best_k, expected_tokens, round_value
+from specchat.tuning import AutoPlanner, best_k, expected_tokens
 
 from .fakes import FakeModel
 
 # measured on the 2-core CI machine for the default pair (issue 5): V(1..9) in seconds
 CPU_V = [0.035, 0.051, 0.065, 0.077, 0.095, 0.114, 0.138, 0.162, 0.180]
 GPU_V = [0.010] * 9  # a verify batch costs what one token costs
+
+
+def round_value(rates: list[float], tie: float) -> tuple[float, float]:
+    """The per-k definition best_k accumulates in one pass: (expected tokens, expected probability
+    of a near-tie stop) for one round whose rows each fall within the tie margin with probability
+    `tie`.
+
+    Every row reached and not tied yields one token (an accepted draft, a correction or the bonus);
+    a tied row yields nothing and hands its position to a one-token round. So with β = 1 − tie the
+    round is a walk with acceptance β·α_i, and E = β · expected_tokens(β·α)."""
+    if tie <= 0.0:
+        return expected_tokens(rates), 0.0
+    beta = 1.0 - tie
+    reach, e, p_tie = 1.0, 0.0, 0.0
+    for r in [*rates, 0.0]:  # the last row (bonus) is reached like the others, then the walk ends
+        p_tie += reach * tie
+        e += reach * beta
+        reach *= beta * r
+    return e, p_tie
 
 
 def test_best_k_in_one_pass_equals_round_value_per_k():
