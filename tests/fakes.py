@@ -89,3 +89,31 @@ def plain_greedy(model: FakeModel, prompt: Sequence[int], n: int) -> list[int]:
         if model.is_eog(tok):
             break
     return out
+
+
+class DriftModel(FakeModel):
+    """Like llama.cpp's repacked CPU weights: batches over `exact` rows round differently (±eps), and
+    so does every later row, one token alone included, once such a batch's K/V are in the cache."""
+
+    def __init__(self, eps: float, exact: int, **kw):
+        super().__init__(**kw)
+        self.eps, self.exact = eps, exact
+        self.written_by_batch: list[bool] = []
+
+    def decode(self, tokens, logits_rows):
+        base = len(self._tokens)
+        drifted_before = any(self.written_by_batch)
+        out = super().decode(tokens, logits_rows)
+        inexact = len(tokens) > self.exact
+        self.written_by_batch.extend([inexact] * len(tokens))
+        if inexact or drifted_before:
+            for j, r in enumerate(logits_rows):
+                seed = (hash(tuple(self._tokens[: base + r + 1])) + 7 * sum(self.written_by_batch)) % 2**32
+                out[j] += (
+                    np.random.default_rng(seed).uniform(-self.eps, self.eps, self.n_vocab).astype(np.float32)
+                )
+        return out
+
+    def truncate(self, n):
+        super().truncate(n)
+        del self.written_by_batch[n:]

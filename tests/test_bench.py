@@ -41,7 +41,7 @@ from specchat.errors import BadInput
 from specchat.speculative import FixedK
 from specchat.tuning import K_MAX
 
-from .fakes import FakeModel, plain_greedy
+from .fakes import DriftModel, FakeModel, plain_greedy
 
 runner = CliRunner()
 
@@ -584,8 +584,6 @@ def test_prompts_file_takes_multi_turn_conversations(tmp_path):
 def test_the_strict_config_is_planned_and_decoded_as_strict(clock):
     """`auto (all) --strict` prices drift as `specchat run --strict` does, and decodes with its repairs:
     on a target whose long batches drift, its outputs are plain decoding's token for token."""
-    from .test_speculative import DriftModel
-
     target, drafters = flat_gpu_pair(clock)
     cfgs = {c.name: c for c in default_configs([d.name for d in drafters], ks=())}
     make = bench.planner_factory(target, drafters)
