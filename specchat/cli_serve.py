@@ -1,8 +1,9 @@
 """`specchat serve`: the speculative engine behind an OpenAI-compatible HTTP API (see `server/`).
 
-Models are found, fit-checked and loaded exactly as for `run`; then one worker thread generates, uvicorn
-serves HTTP in another, and the main thread waits for Ctrl-C / SIGTERM to stop both in order: stop
-accepting, end the current answer, free the models, exit 0.
+Models are found, fit-checked and loaded exactly as for `run`; then the main thread, which loaded them,
+generates (every llama.cpp call on one thread: see server/worker.py), uvicorn serves HTTP in a thread
+of its own, and a third waits for Ctrl-C / SIGTERM to stop both in order: stop accepting, end the
+current answer, free the models, exit 0.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from .errors import BadInput
 if TYPE_CHECKING:
     from .loader import Loaded
     from .server.app import ServerThread
+    from .server.worker import Worker
 
 DEFAULT_PORT = 8080
 AUTH_EXAMPLE = "Authorization: Bearer $SPECCHAT_API_KEY"
@@ -197,31 +199,43 @@ def _serve_loaded(
         },
     )
     http = ServerThread(app, sock)  # type: ignore[arg-type]
-    worker.start()
-    try:
-        with _stop_requested(http) as stop:
-            http.start()
-            for line in banner(
-                base_url(host, http.port),
-                model,
-                target=str(loaded.target.path),
-                drafts=drafts,
-                k=opts.k,
-                n_ctx=loaded.target.n_ctx,
-                api_key=api_key is not None,
-            ):
-                err.print(line, highlight=False, soft_wrap=True)
-            while not stop.wait(0.5):
-                if not http.alive():
-                    err.print("[red]error:[/] the HTTP server stopped unexpectedly")
-                    break
-            err.print("[dim]stopping: no new requests; ending the current answer…[/]")
+    with _stop_requested(http) as stop:
+        http.start()
+        for line in banner(
+            base_url(host, http.port),
+            model,
+            target=str(loaded.target.path),
+            drafts=drafts,
+            k=opts.k,
+            n_ctx=loaded.target.n_ctx,
+            api_key=api_key is not None,
+        ):
+            err.print(line, highlight=False, soft_wrap=True)
+        watcher = threading.Thread(
+            target=_stop_when_asked, args=(stop, http, worker, err), name="specchat-stop", daemon=True
+        )
+        watcher.start()
+        try:
+            # generation runs here, on the thread that loaded and calibrated the models: one thread
+            # for every llama.cpp call (why: server/worker.py)
+            worker.run()
+        finally:
+            stop.set()
             worker.shutdown()
-            http.stop()
-    finally:
-        worker.shutdown()
-        worker.join()  # the models are freed after this, never while a generation uses them
+            watcher.join()  # the models are freed after this, never while a generation uses them
     err.print("[dim]stopped[/]")
+
+
+def _stop_when_asked(stop: threading.Event, http: ServerThread, worker: Worker, err: Console) -> None:
+    """Wait for a signal (or an HTTP server that died), then stop in order: no new requests, end the
+    current answer (the worker's `run` returns after it), close the socket."""
+    while not stop.wait(0.5):
+        if not http.alive():
+            err.print("[red]error:[/] the HTTP server stopped unexpectedly")
+            break
+    err.print("[dim]stopping: no new requests; ending the current answer…[/]")
+    worker.shutdown()
+    http.stop()
 
 
 @contextmanager

@@ -553,3 +553,55 @@ def test_bench_export_vllm_speculative_config(tiny_pair):
     ng = runner.invoke(cli_app, ["bench", target, "--draft", "ngram", "--export", "vllm"])
     cfg = json.loads(ng.stdout.strip().split("--speculative-config ", 1)[1].strip("'"))
     assert cfg["method"] == "ngram" and cfg["prompt_lookup_min"] >= 1 and cfg["prompt_lookup_max"] >= 2
+
+
+def test_serve_makes_every_llama_cpp_call_on_the_thread_that_loaded_the_models(tiny_pair, monkeypatch):
+    """Issue 17: with a drafter, loading calibrates the target (decodes on the loading thread); a
+    second thread generating made llama.cpp's OpenMP keep two thread teams, and with more OpenMP
+    threads than cores every barrier sleeps in the kernel (0.67x of --no-draft serving). So serve
+    generates on the thread that loaded: every decode, calibration's and the answer's, on one."""
+    from specchat.engine import LlamaModel
+
+    seen: list[tuple[int, str]] = []
+    phase = ["load"]
+    original = LlamaModel.decode
+
+    def recording(self, tokens, logits_rows):  # type: ignore[no-untyped-def]
+        seen.append((threading.get_ident(), phase[0]))
+        return original(self, tokens, logits_rows)
+
+    monkeypatch.setattr(LlamaModel, "decode", recording)
+    probe = bind("127.0.0.1", 0)
+    port = probe.getsockname()[1]
+    probe.close()
+    target, draft = (str(p) for p in tiny_pair)
+    replies: list[object] = []
+
+    def drive() -> None:
+        try:
+            url = f"http://127.0.0.1:{port}"
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                try:
+                    if httpx.get(url + "/health", timeout=1).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    time.sleep(0.05)
+            phase[0] = "serve"
+            reply = client(url + "/v1").chat.completions.create(model="x", messages=HELLO, max_tokens=8)
+            replies.append(reply)
+        finally:
+            os.kill(os.getpid(), signal.SIGINT)  # the first Ctrl-C: an orderly stop
+
+    driver = threading.Thread(target=drive, daemon=True)
+    driver.start()
+    res = runner.invoke(
+        cli_app,
+        ["serve", target, "--draft", draft, "--draft", "ngram", "--port", str(port), "--ctx-size", "256"],
+    )
+    driver.join(timeout=30)
+    assert res.exit_code == 0, res.output
+    assert replies and replies[0].usage.completion_tokens == 8  # type: ignore[attr-defined]
+    phases = {p for _, p in seen}
+    assert phases == {"load", "serve"}, phases  # calibration decoded while loading, then the answer
+    assert {t for t, _ in seen} == {threading.get_ident()}

@@ -1,10 +1,19 @@
-"""The one generation thread: requests run one at a time, in order, on the one model pair.
+"""The one model thread: requests run one at a time, in order, on the one model pair.
 
-Why a thread of its own: llama.cpp contexts are not thread-safe, and a generation is seconds of
-blocking native calls that must not stall the HTTP event loop. So every use of the models (template
-rendering, tokenizing, generating) happens here, and the HTTP side only exchanges messages with it:
-it submits a `Job` and reads `Started`, `Delta`, `Finished` or an `ApiError` from the job's asyncio
-queue.
+Why one thread, apart from the HTTP event loop: llama.cpp contexts are not thread-safe, and a
+generation is seconds of blocking native calls that must not stall the HTTP event loop. So every use
+of the models (template rendering, tokenizing, generating) happens on the thread that runs `Worker.run`,
+and the HTTP side only exchanges messages with it: it submits a `Job` and reads `Started`, `Delta`,
+`Finished` or an `ApiError` from the job's asyncio queue.
+
+Why `specchat serve` runs it on the thread that loaded the models (its main thread) rather than a
+thread of its own: llama.cpp's CPU backend computes with OpenMP, and libgomp keeps a team of helper
+threads per thread that ever ran a parallel region. Loading a drafter calibrates the target (decodes
+on the loading thread), so a second generating thread made a second team: with more OpenMP threads
+than cores, libgomp spins only ~100 times at each barrier before sleeping in the kernel, and the
+hundreds of barriers of every decode cost ~12 ms a token in futex wake-ups (measured: 3,000 context
+switches a second, 0.67-0.86x of `--no-draft` serving, issue 17). One thread for every llama.cpp
+call keeps one team, as `run` and `chat` have.
 
 Waiting requests form a bounded queue; beyond it `submit` refuses with 503 and a Retry-After estimate.
 A job is cancelled by its client hanging up or by shutdown: the worker sees it at the next event and
@@ -125,11 +134,20 @@ class Worker:
         self._stopping = False
         self._cond = threading.Condition()
         self._seconds = 5.0  # running mean of a job's duration, for Retry-After
+        self._thread: threading.Thread | None = None
+
+    # --- the model thread -------------------------------------------------------------------------
+    def run(self) -> None:
+        """Serve jobs on the calling thread until `shutdown`. Call it on the thread that loaded the
+        models (see the module docstring: one thread for every llama.cpp call)."""
+        self._loop()
+
+    def start(self) -> None:
+        """Serve jobs on a thread of its own (tests, and models that never ran on another thread)."""
         self._thread = threading.Thread(target=self._loop, name="specchat-generate", daemon=True)
+        self._thread.start()
 
     # --- the HTTP side ----------------------------------------------------------------------------
-    def start(self) -> None:
-        self._thread.start()
 
     def submit(self, job: Job) -> None:
         """Queue a job, or refuse it with 503 when the queue is full or the server is stopping."""
@@ -171,12 +189,13 @@ class Worker:
             job.emit(_shutting_down())
 
     def join(self, timeout: float | None = None) -> bool:
-        """Wait for the thread to end (after shutdown); True when it has."""
-        if self._thread.ident is not None:
-            self._thread.join(timeout)
+        """Wait for `start`'s thread to end (after shutdown); True when it has (or never started:
+        `run` returns only once the loop has ended)."""
+        if self._thread is None:
+            return True
+        self._thread.join(timeout)
         return not self._thread.is_alive()
 
-    # --- the worker thread ------------------------------------------------------------------------
     def _loop(self) -> None:
         while True:
             with self._cond:
