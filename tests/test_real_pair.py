@@ -190,3 +190,67 @@ def test_serve_answers_the_openai_client_and_a_resent_conversation_reuses_the_ca
         http.stop(timeout=30)
         worker.join(timeout=60)
         loaded.close()
+
+
+def test_serve_decodes_as_fast_as_run_with_drafters_loaded(real_pair):
+    """Issue 17: with a drafter loaded, `specchat serve` decoded at 0.67x plain because a second
+    thread generating made llama.cpp's OpenMP oversubscribe the cores (its threads then sleep in the
+    kernel at every barrier: ~250 voluntary context switches a token). The real CLI, interleaved with
+    `specchat run` on the same prompt and settings: about as fast, and almost no switches."""
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+
+    target, draft = (str(p) for p in real_pair)
+    drafting = ["--draft", draft, "--draft", "ngram"]
+    prompt, n = "Write a Python class Stack with push, pop and peek.", 96
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "specchat", "serve", target, *drafting, "--port", str(port)]
+    proc = subprocess.Popen(cmd, stderr=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+
+    def switches() -> int:
+        total = 0
+        for task in Path(f"/proc/{proc.pid}/task").iterdir():
+            with open(task / "status") as fh:
+                total += sum(int(x.split()[1]) for x in fh if x.startswith("voluntary_ctxt_switches"))
+        return total
+
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            assert proc.poll() is None and time.monotonic() < deadline, "serve did not start"
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.5)
+        body = {
+            "model": "x",
+            "temperature": 0,
+            "max_tokens": n,
+            "messages": [{"role": "user", "content": prompt}],
+        }
+        ratios, per_token = [], []
+        for _ in range(2):
+            before = switches() if Path("/proc").is_dir() else 0
+            spec = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body, timeout=600).json()[
+                "speculative"
+            ]
+            if Path("/proc").is_dir():
+                per_token.append((switches() - before) / spec["generated_tokens"])
+            out = CliRunner().invoke(
+                app, ["run", target, *drafting, "--temp", "0", "-n", str(n), "--json", "-p", prompt]
+            )
+            assert out.exit_code == 0, out.output
+            ratios.append(spec["tokens_per_second"] / json.loads(out.stdout)["stats"]["tokens_per_second"])
+        assert max(ratios) >= 0.85, f"serve/run tok/s {ratios}"
+        if per_token:  # healthy: a few a token (the HTTP reply); the bug made ~250
+            assert min(per_token) < 25, f"voluntary context switches per token {per_token}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
