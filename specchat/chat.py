@@ -105,9 +105,12 @@ def answer_events(
     )
 
 
-def follow_temperature(drafters: Sequence[Drafter], p_min: float | None, params: SamplingParams) -> None:
-    """Drafters' confidence cut-off follows the temperature unless the user fixed it (`p_min`)."""
-    value = p_min if p_min is not None else default_p_min(params)
+def follow_temperature(
+    drafters: Sequence[Drafter], p_min: float | None, params: SamplingParams, *, auto: bool = False
+) -> None:
+    """Drafters' confidence cut-off follows the temperature (and, under `-k auto`, is left to the
+    planner) unless the user fixed it (`p_min`)."""
+    value = p_min if p_min is not None else default_p_min(params, auto=auto)
     for d in drafters:
         if hasattr(d, "p_min"):
             d.p_min = value
@@ -419,6 +422,7 @@ class ChatSession:
                 raise BadInput(f"/k must be between 0 and 64 (got {k})")
         self.k = k
         self._planner = None  # the next turn builds one for the new setting
+        self._apply_p_min()  # -k auto leaves the cut-off to the planner, a fixed k has one
         note = "" if self.draft else " (drafting is off: /draft on to use it)"
         return Reply(f"draft tokens per round: {'auto (cost model)' if k is None else k}{note}")
 
@@ -462,7 +466,7 @@ class ChatSession:
         return Reply(f"saved {len(self.turns)} turn{'s' if len(self.turns) != 1 else ''} to {path}")
 
     def _apply_p_min(self) -> None:
-        follow_temperature(self.engine.drafters, self.p_min, self.params)
+        follow_temperature(self.engine.drafters, self.p_min, self.params, auto=self.k is None)
 
     # --- reports ----------------------------------------------------------------------------------
     def totals(self) -> Stats | None:

@@ -57,8 +57,8 @@ PMinOpt = Annotated[
     float | None,
     typer.Option(
         "--draft-p-min",
-        help="Stop drafting when the draft's confidence falls below this "
-        "(default: 0.75 greedy, 0.5 sampling).",
+        help="Stop drafting when the draft's confidence falls below this (default with -k auto: "
+        "none, the cost model decides how far to draft; with -k N: 0.75 greedy, 0.5 sampling).",
     ),
 ]
 TempOpt = Annotated[float, typer.Option("--temp", help="Sampling temperature; 0 = greedy (deterministic).")]
@@ -186,10 +186,11 @@ class Options:
 
     @property
     def draft_p_min(self) -> float:
-        """The draft confidence cut-off to load with: the user's, else the one for this temperature."""
+        """The draft confidence cut-off to load with: the user's, else the one for this temperature
+        (none under -k auto, where the planner prices each further draft token)."""
         from .drafters import default_p_min
 
-        return self.p_min if self.p_min is not None else default_p_min(self.params)
+        return self.p_min if self.p_min is not None else default_p_min(self.params, auto=self.k is None)
 
     def drafts_to_load(self, announce: Callable[[str], None] | None = None) -> tuple[str, ...]:
         """The drafters to load: none with --no-draft, the --draft values, else the recommended ones

@@ -28,6 +28,27 @@ class Proposal:
     seconds: float = 0.0
     #: part of `seconds` spent catching the drafter's cache up with the context (see Drafter.lag)
     catch_up_seconds: float = 0.0
+    #: the drafter's confidence in each token (its top probability), where it has one
+    confidence: list[float] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class DraftBudget:
+    """How far a drafter that knows its confidence should draft this round (Planner.draft_budget):
+    on while the chance that the whole draft so far is accepted stays at or above `floor`.
+
+    `chance[i]` is the measured acceptance of tokens drafted with a confidence in the i-th of
+    len(chance) equal bins: a draft model's top probability is a ranking, not a probability (a 0.5B
+    draft of its own family is right far more often than it says when unsure), so the planner
+    learns the map from what the verifier accepted. Empty: take the confidence at its word."""
+
+    floor: float = 0.0
+    chance: tuple[float, ...] = ()
+
+    def accept_chance(self, confidence: float) -> float:
+        if not self.chance:
+            return confidence
+        return self.chance[min(len(self.chance) - 1, int(confidence * len(self.chance)))]
 
 
 class Drafter(Protocol):
@@ -42,9 +63,17 @@ class Drafter(Protocol):
         ...
 
     def propose(
-        self, context: Sequence[int], k: int, params: SamplingParams, rng: np.random.Generator
+        self,
+        context: Sequence[int],
+        k: int,
+        params: SamplingParams,
+        rng: np.random.Generator,
+        *,
+        budget: DraftBudget | None = None,
     ) -> Proposal:
-        """Up to k tokens likely to follow `context` (the committed tokens, last one included)."""
+        """Up to k tokens likely to follow `context` (the committed tokens, last one included).
+        A drafter that knows how sure it is stops once the chance that all its tokens so far are
+        right falls below the `budget`'s floor (the planner's price of one more token)."""
         ...
 
     def lag(self, context: Sequence[int]) -> int:
@@ -62,9 +91,14 @@ class Drafter(Protocol):
         ...
 
 
-def default_p_min(params: SamplingParams) -> float:
+def default_p_min(params: SamplingParams, *, auto: bool = False) -> float:
     """The draft confidence cut-off when the user gives none: 0.75 greedy (llama.cpp's usual setting),
-    0.5 when sampling, where the draft's top probability is naturally lower."""
+    0.5 when sampling, where the draft's top probability is naturally lower. None under `-k auto`:
+    there the planner's budget (Planner.draft_budget) prices each further token from the measured
+    costs, which a fixed cut-off cannot (on a big target with a cheap draft a 0.75 cut-off stopped
+    drafts at 4.7 tokens a pass where 7.1 paid; issue 18)."""
+    if auto:
+        return 0.0
     return 0.75 if params.greedy else 0.5
 
 
@@ -84,8 +118,17 @@ class ModelDrafter:
         return "model" if len(context) < self.model.n_ctx else None
 
     def propose(
-        self, context: Sequence[int], k: int, params: SamplingParams, rng: np.random.Generator
+        self,
+        context: Sequence[int],
+        k: int,
+        params: SamplingParams,
+        rng: np.random.Generator,
+        *,
+        budget: DraftBudget | None = None,
     ) -> Proposal:
+        """Draft greedily (or by sampling) until k tokens, a token below `p_min`, or the chance that
+        every token so far is accepted (the budget's calibrated confidences, multiplied) below the
+        budget's floor."""
         start = time.perf_counter()
         out = Proposal(q=None if params.greedy else [])
         room = self.model.n_ctx - len(context)
@@ -94,6 +137,7 @@ class ModelDrafter:
             return out
         logits = sync_cache(self.model, context, logits_row_last=True)
         out.catch_up_seconds = time.perf_counter() - start
+        reach = 1.0
         for i in range(k):
             assert logits is not None
             if params.greedy:
@@ -102,9 +146,12 @@ class ModelDrafter:
                 q = probs(logits, params)
                 tok = sample(q, rng)
                 conf = float(q.max())
-            if conf < self.p_min:
+            if budget is not None:
+                reach *= budget.accept_chance(conf)
+            if conf < self.p_min or (budget is not None and reach < budget.floor):
                 break
             out.tokens.append(tok)
+            out.confidence.append(conf)
             if out.q is not None:
                 out.q.append(q)
             if i == k - 1 or self.model.is_eog(tok):
@@ -225,7 +272,13 @@ class NgramDrafter:
         return f"match {lo}+"
 
     def propose(
-        self, context: Sequence[int], k: int, params: SamplingParams, rng: np.random.Generator
+        self,
+        context: Sequence[int],
+        k: int,
+        params: SamplingParams,
+        rng: np.random.Generator,
+        *,
+        budget: DraftBudget | None = None,
     ) -> Proposal:
         """Copy on from the match for up to k tokens, rolling past the end of the context.
 

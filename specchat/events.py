@@ -47,6 +47,7 @@ class Round:
     route: str | None = None  # the drafter's context class this round (Drafter.route)
     proposed: int | None = None  # draft tokens in the verify batch (None: `drafted`); batch = this + 1
     catch_up_seconds: float = 0.0  # part of draft_seconds spent catching the draft's cache up
+    confidence: tuple[float, ...] = ()  # the drafter's confidence in each judged draft token
     margin_rows: int = 0  # rows judged with the tie margin (a near-tie there stopped the walk)
     #: rows that decided a token this round, and how many of them had a top-2 gap within the tie
     #: margin (counted in every round, plain ones too: prose has many near-ties, copied code few)

@@ -25,7 +25,7 @@ from typing import Protocol
 
 import numpy as np
 
-from .drafters import Drafter, Proposal
+from .drafters import DraftBudget, Drafter, Proposal
 from .events import Done, DrafterStats, Event, Notice, Round, RouteStats, Source, Stats, Token
 from .model import Model, common_prefix_len, sync_cache
 from .sampling import SamplingParams, align, greedy, probs, sample, verify
@@ -50,6 +50,11 @@ class Planner(Protocol):
         prefill (on a CPU where a draft model never pays, that saves a third of the prefill time)."""
         ...
 
+    def draft_budget(self, drafter: int) -> DraftBudget | None:
+        """For this round's draft by drafter i: where a drafter that knows its confidence should
+        stop (Drafter.propose's `budget`); None: at k or its own cut-off (p_min)."""
+        ...
+
 
 @dataclass(slots=True)
 class FixedK:
@@ -68,6 +73,9 @@ class FixedK:
 
     def may_use(self, drafter: int) -> bool:
         return drafter == 0 and self.k > 0
+
+    def draft_budget(self, drafter: int) -> DraftBudget | None:
+        return None  # -k N drafts N unless the drafter's own confidence cut-off (p_min) stops it
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,7 +245,11 @@ def generate(
             lags = [d.lag(committed) for d in drafters] if routes else []
             which, k = planner.plan(max_k, routes, lags) if routes else (None, 0)
             drafter = drafters[which] if which is not None and k > 0 else None
-            proposal = drafter.propose(committed, k, params, rng) if drafter is not None else Proposal()
+            proposal = (
+                drafter.propose(committed, k, params, rng, budget=planner.draft_budget(which))
+                if drafter is not None and which is not None
+                else Proposal()
+            )
             del proposal.tokens[max_k:]
             n_draft = len(proposal.tokens)
             t_verify = time.perf_counter()
@@ -302,6 +314,7 @@ def generate(
                 route=routes[which] if drafter is not None and which is not None else None,
                 proposed=n_draft,
                 catch_up_seconds=proposal.catch_up_seconds,
+                confidence=tuple(proposal.confidence[:judged]),
                 margin_rows=(judged + (not recheck)) if m > 0.0 else 0,
                 gap_rows=gap_rows,
                 near_ties=near,

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .calibration import K_MAX, Costs, calibrate
+from .drafters import DraftBudget
 from .events import Round, Stats
 
 DECAY = 0.97  # per observed round: ~33 rounds of memory
@@ -49,24 +50,43 @@ DRIFT_PRIOR_TOKENS = 30.0
 DRIFT_PRIOR_SHARE = 1.0
 #: live rounds must have seen a batch size this often before their timing replaces calibration's
 SEEN_ENOUGH = 3
+#: a draft model's floor (AutoPlanner.draft_budget) at most: a draft the planner is this sure of
+#: is always worth extending once it chose to draft
+FLOOR_MAX = 0.9
+#: DraftBudget.chance: bins of draft confidence, the strength of each bin's prior (at its centre),
+#: and its decay per judged token (~50 tokens of memory per bin)
+CONFIDENCE_BINS = 10
+CONFIDENCE_PRIOR = 2.0
+CONFIDENCE_DECAY = 0.98
 
 
 @dataclass(slots=True)
 class _Acceptance:
-    """Decayed Beta counts of conditional acceptance per draft position."""
+    """Decayed Beta counts of conditional acceptance per draft position.
+
+    Each depth starts from the prior as pseudo-counts, which are forgotten like evidence: every round
+    that reaches a depth decays its counts by DECAY before adding its own outcome, so after ~33
+    rounds the estimate is the recent acceptance itself. (A prior kept at full weight forever pulls
+    every estimate towards its mean: with the draft model's Beta(3, 2) a draft right 98% of the time
+    was rated 0.93 at each depth, 0.56 for eight in a row instead of 0.85, and auto drafted half as
+    deep as it pays on a big target; issue 18.) Depths a round does not reach keep what they knew."""
 
     prior_a: float
     prior_b: float
     a: list[float] = field(default_factory=list)
     b: list[float] = field(default_factory=list)
+    #: decayed number of rounds that reached each depth (the prior not counted)
+    seen: list[float] = field(default_factory=list)
 
     def observe(self, drafted: int, accepted: int) -> None:
-        for i in range(len(self.a)):
+        while len(self.a) < drafted:
+            self.a.append(self.prior_a)
+            self.b.append(self.prior_b)
+            self.seen.append(0.0)
+        for i in range(drafted):
             self.a[i] *= DECAY
             self.b[i] *= DECAY
-        while len(self.a) < drafted:
-            self.a.append(0.0)
-            self.b.append(0.0)
+            self.seen[i] = self.seen[i] * DECAY + 1.0
         for i in range(accepted):
             self.a[i] += 1.0
         if accepted < drafted:
@@ -75,23 +95,52 @@ class _Acceptance:
     def rates(self, k: int, rng: np.random.Generator | None) -> list[float]:
         """Conditional acceptance at draft positions 0..k-1 (drawn from the posteriors with `rng`).
 
-        From position 2 on, a depth with almost no evidence of its own (under one decayed
-        observation) takes at least the rate of the depth before it: a copy that survived that far
-        is no likelier to stop now (n-gram drafts measured 75 85 90 92 93 98% by position), and
-        without this one early rejection at depth 2 would cap every later draft at 2 tokens, the
-        planner never drafting deep enough to learn otherwise (replayed on the bench's edit
-        prompts: 1.40→1.50× rename, 1.99→2.20× whole-file rewrite, non-copy prompts unchanged)."""
+        A depth never reached borrows the counts of the deepest one that was; from position 2 on, a
+        depth with almost no evidence of its own (under one decayed observation) takes at least the
+        rate of the depth before it: a copy that survived that far is no likelier to stop now
+        (n-gram drafts measured 75 85 90 92 93 98% by position), and without this one early
+        rejection at depth 2 would cap every later draft at 2 tokens, the planner never drafting
+        deep enough to learn otherwise (replayed on the bench's edit prompts: 1.40→1.50× rename,
+        1.99→2.20× whole-file rewrite, non-copy prompts unchanged)."""
         out = []
         for i in range(k):
             j = min(i, len(self.a) - 1)
-            a = self.prior_a + (self.a[j] if j >= 0 else 0.0)
-            b = self.prior_b + (self.b[j] if j >= 0 else 0.0)
+            a = self.a[j] if j >= 0 else self.prior_a
+            b = self.b[j] if j >= 0 else self.prior_b
             r = float(rng.beta(a, b)) if rng is not None else a / (a + b)
-            seen = self.a[i] + self.b[i] if i < len(self.a) else 0.0
+            seen = self.seen[i] if i < len(self.seen) else 0.0
             if i >= 2 and seen < THIN_EVIDENCE:
                 r = max(r, out[-1])
             out.append(r)
         return out
+
+
+@dataclass(slots=True)
+class _ConfidenceCurve:
+    """Decayed Beta counts of acceptance per bin of draft confidence (DraftBudget.chance).
+
+    Each bin starts from a weak prior at its own centre (the confidence taken at its word) and
+    forgets it as tokens of that confidence are judged, as _Acceptance does per depth."""
+
+    bins: int = CONFIDENCE_BINS
+    a: list[float] = field(default_factory=list)
+    b: list[float] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.a:
+            mids = [(i + 0.5) / self.bins for i in range(self.bins)]
+            self.a = [CONFIDENCE_PRIOR * m for m in mids]
+            self.b = [CONFIDENCE_PRIOR * (1.0 - m) for m in mids]
+
+    def observe(self, confidence: Sequence[float], accepted: int) -> None:
+        """`confidence`: the judged draft tokens' confidences in order; the first `accepted` passed."""
+        for j, conf in enumerate(confidence):
+            i = min(self.bins - 1, int(conf * self.bins))
+            self.a[i] = self.a[i] * CONFIDENCE_DECAY + (j < accepted)
+            self.b[i] = self.b[i] * CONFIDENCE_DECAY + (j >= accepted)
+
+    def chances(self) -> tuple[float, ...]:
+        return tuple(a / (a + b) for a, b in zip(self.a, self.b, strict=True))
 
 
 def expected_tokens(rates: Sequence[float]) -> float:
@@ -198,6 +247,12 @@ class AutoPlanner:
         self.explore = explore
         self.learn_costs = learn_costs  # off under --seed: timing noise must not change the choices
         self.last_choice: tuple[int | None, int] = (None, 0)
+        #: tokens/second the last plan expects, and the verify curve it planned with (draft_floor)
+        self.last_speed = 0.0
+        self._last_v: list[float] = []
+        self._planned_k = 0  # the k the expected speed was computed for (last_choice may cap higher)
+        #: per drafter, acceptance by draft confidence (only drafters that report one fill theirs)
+        self.confidence = [_ConfidenceCurve() for _ in self.priors]
 
     def acceptance(self, drafter: int, route: str | None) -> _Acceptance:
         """The decayed acceptance counts of one drafter on one route (created from its prior)."""
@@ -292,7 +347,46 @@ class AutoPlanner:
             )
             if k > 0 and speed > best_speed:
                 self.last_choice, best_speed = (i, k), speed
+        self.last_speed, self._last_v = best_speed, v
+        which, k = self.last_choice
+        self._planned_k = k
+        if which is not None and self.costs.draft[which] > 0.0:
+            # A draft model stops itself where its next token stops paying (draft_budget), which its
+            # confidence predicts far better than the depth does; so the planned k only chose this
+            # drafter, and the cap is the depth where even a draft always right would stop paying.
+            # (Capped at the planned k, drafts stopped before depths they would have passed, which
+            # were then never observed: 3.2 tokens a pass where a fixed -k 16 made 11.6, issue 18.)
+            lag = lags[which] if which < len(lags) else 0
+            catch = self.costs.catch_up[which] if which < len(self.costs.catch_up) else 0.0
+            perfect, _ = best_k(
+                [1.0] * k_cap,
+                v,
+                self.costs.draft[which],
+                tie=tie,
+                exact_n=self.costs.exact_n,
+                overhead=lag * catch,
+                drift_cost=self.drift_cost,
+            )
+            self.last_choice = (which, max(k, perfect))
         return self.last_choice
+
+    def draft_budget(self, drafter: int) -> DraftBudget | None:
+        """Where a draft model should stop this round: once the chance that its whole draft so far
+        is accepted (its confidences, calibrated by what the verifier accepted, multiplied) is below
+        what one more token costs at the speed this round is planned for. One more drafted token
+        costs its draft decode plus its share of the longer verify batch, c + (V(k+1) - V(1))/k, and
+        is worth its chance of being accepted; it pays while that chance is at least speed x cost
+        tokens. So a cheap draft on a flat verify curve runs on through a few unsure tokens (a 1B
+        draft for a 70B target), and a dear one stops at the first (the default pair on a 2-core
+        CPU, where auto hardly drafts at all). Model-free drafters (n-gram copies) have no
+        confidence to weigh: None."""
+        which, k = self.last_choice[0], self._planned_k
+        if which != drafter or k <= 0 or not self._last_v or self.costs.draft[drafter] <= 0.0:
+            return None
+        v = self._last_v
+        per_token = self.costs.draft[drafter] + (v[k] - v[0]) / k
+        floor = min(FLOOR_MAX, self.last_speed * per_token)
+        return DraftBudget(floor=floor, chance=self.confidence[drafter].chances())
 
     def observe(self, rnd: Round, drafter: int | None) -> None:
         proposed = rnd.drafted if rnd.proposed is None else rnd.proposed
@@ -314,6 +408,8 @@ class AutoPlanner:
         if drafter is None:
             return
         self.acceptance(drafter, rnd.route).observe(rnd.drafted, rnd.accepted)
+        if rnd.confidence:
+            self.confidence[drafter].observe(rnd.confidence, rnd.accepted)
         drafting = rnd.draft_seconds - rnd.catch_up_seconds  # catching up is priced separately
         if self.learn_costs and proposed > 0 and drafting > 0:
             per = drafting / proposed

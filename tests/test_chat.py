@@ -267,9 +267,13 @@ def test_draft_on_without_a_draft_model_is_refused():
 def test_temp_changes_sampling_and_the_draft_cut_off():
     eng = FakeEngine()
     s = ChatSession(eng, max_tokens=8, seed=3)
-    assert eng.drafters[0].p_min == 0.75  # greedy default
+    assert eng.drafters[0].p_min == 0.0  # -k auto: the planner's floor decides how far to draft
+    s.handle("/k 3")
+    assert eng.drafters[0].p_min == 0.75  # a fixed k: the greedy default
     assert "0.7" in s.handle("/temp 0.7").message
     assert s.params.temperature == 0.7 and eng.drafters[0].p_min == 0.5
+    s.handle("/k auto")
+    assert eng.drafters[0].p_min == 0.0
     _, shown = say(s, "sample something")
     assert len(shown.ids) == 8
     for bad in ("/temp -1", "/temp hot", "/temp inf"):

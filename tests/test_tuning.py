@@ -396,3 +396,101 @@ def test_a_strict_planner_keeps_to_the_exact_batch_from_its_first_round():
     loose = AutoPlanner(Costs(list(REPACK_V), [0.0], exact_n=3), [(50.0, 1.0)], explore=False)
     assert strict.plan(100, ["match 16+"]) == (0, 2)
     assert loose.plan(100, ["match 16+"])[1] > 2
+
+
+# the F16 stand-in for a big target (issue 18): a batch of 4 costs 1.85 tokens, the curve stays flat
+BIG_V = [0.055 * x for x in (1.0, 1.3, 1.6, 1.85, 1.95, 2.05, 2.15, 2.25, 2.35)]
+
+
+def simulate_draft_model(
+    planner: AutoPlanner, v: list[float], accept: float, rounds: int, *, n_gram: bool = False, seed: int = 0
+) -> list[tuple[int | None, int]]:
+    """Rounds of a draft model as the loop runs it: the planner picks (drafter, k), the draft runs
+    until k or its budget's floor (confidences drawn around `accept`, each token right with its
+    confidence's chance), and what was judged is observed. With `n_gram`, drafter 1 is an n-gram
+    route that is right 30% of the time. Returns (drafter, tokens drafted) per round."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(rounds):
+        which, k = planner.plan(100, ["model", "match 2+"] if n_gram else ["model"])
+        if which is None:
+            planner.observe(Round(None, 0, 0, 0, 1, v[0]), None)
+            out.append((None, 0))
+            continue
+        if which == 1:  # the n-gram route: k copied tokens, each right 30% of the time
+            acc = 0
+            while acc < k and rng.random() < 0.3:
+                acc += 1
+            judged = min(k, acc + 1)
+            planner.observe(Round("ngram", k, judged, acc, acc + 1, v[k], route="match 2+", proposed=k), 1)
+            out.append((1, k))
+            continue
+        budget, reach, confs = planner.draft_budget(0), 1.0, []
+        while len(confs) < k:
+            conf = float(np.clip(rng.normal(accept, 0.08), 0.05, 1.0))
+            reach *= budget.accept_chance(conf) if budget else conf
+            if budget is not None and reach < budget.floor:
+                break
+            confs.append(conf)
+        acc = 0
+        while acc < len(confs) and rng.random() < confs[acc]:
+            acc += 1
+        judged = min(len(confs), acc + 1)
+        n = len(confs)
+        planner.observe(
+            Round("draft", k, judged, acc, acc + 1, v[min(n, len(v) - 1)] + n * planner.costs.draft[0],
+                  draft_seconds=n * planner.costs.draft[0], route="model", proposed=n,
+                  confidence=tuple(confs[:judged])),
+            0,
+        )  # fmt: skip
+        out.append((0, n))
+    return out
+
+
+def test_a_cheap_draft_that_is_usually_right_drafts_deep_on_a_flat_curve():
+    """Issue 18: c = 0.27 of a target token, V(4) = 1.85 V(1), drafts right ~95% of the time: the
+    planner must draft deep (a fixed -k 8 made 5.8 tokens a pass there, auto had made 2-3)."""
+    v = BIG_V + [BIG_V[-1] + 0.1 * BIG_V[0] * i for i in range(1, 41)]
+    planner = AutoPlanner(Costs(list(v), [0.27 * v[0]]), [(3.0, 2.0)], rng=np.random.default_rng(3))
+    late = simulate_draft_model(planner, v, 0.95, 200)[50:]
+    drafted = [n for which, n in late if which == 0]
+    assert len(drafted) / len(late) > 0.9
+    assert np.mean(drafted) >= 6, np.mean(drafted)
+
+
+def test_the_draft_model_keeps_its_rounds_from_an_n_gram_route_that_keeps_failing():
+    v = BIG_V + [BIG_V[-1] + 0.1 * BIG_V[0] * i for i in range(1, 41)]
+    planner = AutoPlanner(
+        Costs(list(v), [0.27 * v[0], 0.0]), [(3.0, 2.0), (1.0, 1.0)], rng=np.random.default_rng(4)
+    )
+    late = simulate_draft_model(planner, v, 0.95, 200, n_gram=True)[50:]
+    assert sum(which == 0 for which, _ in late) / len(late) > 0.8
+
+
+def test_a_dear_draft_on_this_cpu_stays_idle():
+    """The default pair on a 2-core CPU: a draft token costs 0.6 of a target token and batches are
+    dear, so even a draft that is always right never drafts (today's default-pair behaviour)."""
+    planner = AutoPlanner(Costs(list(CPU_V), [0.6 * CPU_V[0]]), [(3.0, 2.0)], rng=np.random.default_rng(5))
+    rounds = simulate_draft_model(planner, CPU_V, 0.99, 100)
+    assert all(which is None for which, _ in rounds)
+    assert not planner.may_use(0)
+
+
+def test_acceptance_estimates_forget_the_prior_and_reach_the_measured_rate():
+    planner = AutoPlanner(Costs(list(BIG_V), [0.0]), [(3.0, 2.0)], rng=np.random.default_rng(6))
+    for _ in range(150):  # 98 of 100 drafts of 4 accepted
+        planner.observe(Round("d", 4, 4, 4, 5, BIG_V[4], route="r", proposed=4), 0)
+    rates = planner.acceptance(0, "r").rates(4, None)
+    assert min(rates) > 0.97, rates  # a prior kept at full weight held it near 0.93
+
+
+def test_the_draft_budget_learns_how_often_unsure_draft_tokens_are_right():
+    planner = AutoPlanner(Costs(list(BIG_V), [0.27 * BIG_V[0]]), [(3.0, 2.0)], rng=np.random.default_rng(7))
+    for _ in range(100):  # tokens the draft gives only 0.45 are always right
+        planner.observe(
+            Round("d", 2, 2, 2, 3, BIG_V[2], route="model", proposed=2, confidence=(0.45, 0.45)), 0
+        )
+    planner.plan(16, ["model"])
+    budget = planner.draft_budget(0)
+    assert budget is not None and budget.accept_chance(0.45) > 0.85
+    assert 0.0 < budget.floor <= 0.9

@@ -224,7 +224,7 @@ class Worker:
         backend = self.backend
         params = SamplingParams(temperature=req.temperature, top_k=req.top_k, top_p=req.top_p)
         drafters = list(backend.drafters)
-        follow_temperature(drafters, self.p_min, params)
+        follow_temperature(drafters, self.p_min, params, auto=self.k is None)
         if req.seed is None:
             planner, rng = self._planner, self._rng
         else:  # a seeded request repeats: its own planner and sampler, both from the seed
