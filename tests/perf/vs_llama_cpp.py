@@ -57,6 +57,15 @@ def llama_cpp_configs(target: str, draft: str) -> dict[str, list[str]]:
             "-md", draft, "--spec-type", "draft-simple", "--spec-draft-n-max", "3", "--spec-draft-n-min", "0",
             "--draft-p-min", "0.75", "-td", "2",
         ],
+        # the draft settings that win where the draft model pays (a big target: issue 18)
+        "llama.cpp draft n8 p0.5": [
+            "-md", draft, "--spec-type", "draft-simple", "--spec-draft-n-max", "8", "--spec-draft-n-min", "0",
+            "--draft-p-min", "0.5", "-td", "2",
+        ],
+        "llama.cpp draft n16 p0.5": [
+            "-md", draft, "--spec-type", "draft-simple", "--spec-draft-n-max", "16",
+            "--spec-draft-n-min", "0", "--draft-p-min", "0.5", "-td", "2",
+        ],
     }  # fmt: skip
 
 
@@ -67,6 +76,9 @@ def specchat_configs(draft: str) -> dict[str, list[str]]:
         "specchat auto --strict": ["--draft", draft, "--draft", "ngram", "--strict"],
         "specchat ngram auto": ["--draft", "ngram"],
         "specchat ngram -k 8": ["--draft", "ngram", "-k", "8"],
+        "specchat draft auto": ["--draft", draft],
+        "specchat draft -k 8 p0.5": ["--draft", draft, "-k", "8", "--draft-p-min", "0.5"],
+        "specchat draft -k 16 p0.3": ["--draft", draft, "-k", "16", "--draft-p-min", "0.3"],
     }
 
 
