@@ -32,8 +32,9 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..errors import BadInput
+from ..events import Stats
 from . import api
-from .api import ApiError, Defaults, Kind, Reply
+from .api import ApiError, Choice, Defaults, GenRequest, Kind, LogprobEntry, Reply
 from .worker import Delta, Finished, Job, Message, Started, Worker
 
 #: How often a waiting handler checks whether its client is still there (seconds).
@@ -94,21 +95,29 @@ async def _generate(request: Request, kind: Kind, worker: Worker, model: str, de
             return Response(status_code=204)  # the client left; nobody reads this
         if isinstance(first, ApiError):
             raise first
-        reply = Reply.new(kind, model)
+        reply = Reply.new(kind, model, echo=req.prompt if req.echo else "")
         if req.stream:
             streaming = True  # the stream owns the job now, and cancels it when it ends
-            return _JobStream(job, _sse(job, reply, include_usage=req.include_usage))
-        pieces: list[str] = []
-        while True:
+            return _JobStream(job, _sse(job, reply, req))
+        texts: list[list[str]] = [[] for _ in range(req.n)]
+        entries: list[list[LogprobEntry]] = [[] for _ in range(req.n)]
+        choices: list[Choice] = []
+        cached = 0
+        while len(choices) < req.n:
             msg = await _next(job, request)
             if msg is None:
                 return Response(status_code=204)
             if isinstance(msg, ApiError):
                 raise msg
             if isinstance(msg, Delta):
-                pieces.extend(t for t, _ in msg.pieces)
+                texts[msg.index].extend(t for t, _ in msg.pieces)
+                entries[msg.index].extend(msg.logprobs)
             elif isinstance(msg, Finished):
-                return JSONResponse(reply.body("".join(pieces), msg.finish_reason, msg.stats, msg.cached))
+                cached = cached if choices else msg.cached  # the first answer found the prompt cached
+                lp = tuple(entries[msg.index]) if req.logprobs is not None else None
+                text = "".join(texts[msg.index])
+                choices.append(Choice(msg.index, text, msg.finish_reason, msg.stats, lp))
+        return JSONResponse(reply.body(choices, cached))
     finally:
         if not streaming:
             job.cancel()  # finished: a no-op; the client left or we failed: stop generating for it
@@ -144,24 +153,35 @@ class _JobStream(StreamingResponse):
             self.job.cancel()
 
 
-async def _sse(job: Job, reply: Reply, *, include_usage: bool) -> AsyncIterator[str]:
-    """Server-sent events: chunks as the worker sends rounds, the final chunk, then [DONE]."""
-    if reply.kind == "chat":
+async def _sse(job: Job, reply: Reply, req: GenRequest) -> AsyncIterator[str]:
+    """Server-sent events: per answer (n of them, one after another) its opening chunk, chunks as
+    the worker sends rounds and its final chunk; the usage chunk if asked; then [DONE]."""
+    opens = reply.kind == "chat" or bool(reply.echo)  # a role, or the echoed prompt, comes first
+    stats: list[Stats] = []
+    cached = 0
+    if opens:
         yield _event(reply.chunk(first=True))
-    while True:
+    while len(stats) < req.n:
         msg = await job.out.get()
         if isinstance(msg, Delta):
-            yield _event(reply.chunk(msg.pieces))
+            lp = msg.logprobs if req.logprobs is not None else None
+            yield _event(reply.chunk(msg.pieces, index=msg.index, logprobs=lp, progress=msg.progress))
         elif isinstance(msg, Finished):
-            yield _event(reply.final_chunk(msg.finish_reason, msg.stats, msg.cached))
-            if include_usage:
-                yield _event(reply.usage_chunk(msg.stats, msg.cached))
-            break
+            cached = cached if stats else msg.cached
+            stats.append(msg.stats)
+            totals = stats if len(stats) == req.n else ()
+            yield _event(
+                reply.final_chunk(msg.index, msg.finish_reason, msg.stats, totals=totals, cached=cached)
+            )
+            if opens and len(stats) < req.n:
+                yield _event(reply.chunk(index=len(stats), first=True))
         elif isinstance(msg, ApiError):  # failed mid-stream: OpenAI sends the error as an event
             yield _event(msg.body())
             break
         elif not isinstance(msg, Started):
             raise TypeError(f"unexpected message {msg!r}")
+    if req.include_usage and len(stats) == req.n:
+        yield _event(reply.usage_chunk(stats, cached))
     yield "data: [DONE]\n\n"
 
 
