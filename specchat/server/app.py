@@ -1,9 +1,10 @@
 """The HTTP side: Starlette routes over the worker, the API-key check, server-sent events, uvicorn.
 
 Routes: POST /v1/chat/completions, POST /v1/completions (streamed or not), GET /v1/models, GET
-/health. Every failure a client can cause is JSON in OpenAI's error shape (400 bad input, 401 wrong
-key, 404 unknown route, 503 busy or stopping); an unexpected one is a 500 with the same shape, and
-the server keeps running.
+/health, and GET / (the live page, page.py; it needs no key, as it holds none: it asks the user).
+Every failure a client can cause is JSON in OpenAI's error shape (400 bad input, 401 wrong key, 404
+unknown route, 503 busy or stopping); an unexpected one is a 500 with the same shape, and the server
+keeps running.
 
 The handler waits for the worker's first message before answering, so a prompt that does not fit is
 a 400 even for a streamed request. While a request waits (queued, or generating without a stream)
@@ -27,7 +28,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -35,12 +36,15 @@ from ..errors import BadInput
 from ..events import Stats
 from . import api
 from .api import ApiError, Choice, Defaults, GenRequest, Kind, LogprobEntry, Reply
+from .page import HEADERS as PAGE_HEADERS
+from .page import render_page
 from .worker import Delta, Finished, Job, Message, Started, Worker
 
 #: How often a waiting handler checks whether its client is still there (seconds).
 POLL = 0.25
-#: Paths answered without the API key, so a health check needs no secret.
-OPEN_PATHS = frozenset({"/health"})
+#: Paths answered without the API key: a health check needs no secret, and the page holds none (its
+#: requests to the API send the key the user types in).
+OPEN_PATHS = frozenset({"/health", "/"})
 
 
 def create_app(
@@ -67,7 +71,15 @@ def create_app(
     async def health(request: Request) -> Response:
         return JSONResponse({"status": "ok", "model": model, **worker.status()})
 
+    html = render_page(
+        model=model, api_key=api_key is not None, drafter_sources=[d.source for d in worker.backend.drafters]
+    )
+
+    async def index(request: Request) -> Response:
+        return HTMLResponse(html, headers=PAGE_HEADERS)
+
     routes = [
+        Route("/", index, methods=["GET"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
@@ -206,7 +218,7 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     if exc.status_code == 404:
         message = f"no route {request.method} {request.url.path}; this server has /v1/chat/completions, "
-        message += "/v1/completions, /v1/models and /health"
+        message += "/v1/completions, /v1/models, /health and the page at /"
     else:
         message = f"{request.method} is not allowed on {request.url.path}"
     code = "not_found" if exc.status_code == 404 else "method_not_allowed"
