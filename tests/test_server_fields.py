@@ -14,6 +14,8 @@ import openai
 import pytest
 
 from specchat.events import DrafterStats, Stats
+from specchat.logprobs import token_logprob
+from specchat.sampling import SamplingParams
 from specchat.server.api import Defaults, combined, parse_request
 from specchat.server.stops import TokenGate
 from specchat.server.worker import choice_seed
@@ -46,6 +48,13 @@ def chat_logprobs(url: str, **kw: object) -> tuple[openai.types.chat.ChatComplet
         model="tiny", messages=HELLO, max_tokens=24, temperature=0, logprobs=True, top_logprobs=5, **kw
     )
     return reply, reply.choices[0].logprobs.content
+
+
+def streamed_tokens(chunks: list) -> list[str]:  # type: ignore[type-arg]
+    """The tokens of a streamed completion's logprobs, in order."""
+    return [
+        t for ch in chunks if ch.choices and ch.choices[0].logprobs for t in ch.choices[0].logprobs.tokens
+    ]
 
 
 # --- logprobs --------------------------------------------------------------------------------------------
@@ -99,13 +108,15 @@ def test_completions_logprobs_offsets_echo_and_stop(tiny_url):
 
     echo = c.completions.create(**args, echo=True)
     assert echo.choices[0].text == "Once upon" + text
-    assert echo.choices[0].logprobs.text_offset == [o + len("Once upon") for o in lp.text_offset]
+    echo_lp = echo.choices[0].logprobs  # the prompt's tokens come first (see the echo test below)
+    assert echo_lp.tokens[-16:] == lp.tokens
+    assert echo_lp.text_offset[-16:] == [o + len("Once upon") for o in lp.text_offset]
     chunks = list(c.completions.create(**args, echo=True, stream=True))
     assert "".join(ch.choices[0].text for ch in chunks if ch.choices) == echo.choices[0].text
     streamed = [
-        t for ch in chunks if ch.choices and ch.choices[0].logprobs for t in ch.choices[0].logprobs.tokens
+        t for ch in chunks if ch.choices for t in getattr(ch.choices[0].logprobs, "tokens", None) or ()
     ]
-    assert streamed == lp.tokens
+    assert streamed == echo_lp.tokens
 
     stop = text[6:9]
     cut = c.completions.create(**args, stop=[stop])
@@ -115,6 +126,37 @@ def test_completions_logprobs_offsets_echo_and_stop(tiny_url):
     n = len(cut_lp.tokens)
     assert cut_lp.tokens == lp.tokens[:n] and lp.text_offset[n - 1] < len(cut.choices[0].text)
     assert n == len(lp.tokens) or lp.text_offset[n] >= len(cut.choices[0].text)
+
+
+def test_echo_with_logprobs_scores_the_prompt_as_the_model_reads_it(tiny_engine):
+    prompt = "Once upon a time"
+    args = {"model": "tiny", "prompt": prompt, "max_tokens": 4, "temperature": 0, "logprobs": 2}
+    with serving(tiny_engine) as url:
+        c = client(url)
+        plain = c.completions.create(**args).choices[0].logprobs
+        echo = c.completions.create(**args, echo=True)
+        chunks = list(c.completions.create(**args, echo=True, stream=True))
+    ids, _ = tiny_engine.render_text(prompt)  # the server has stopped: the models are the test's now
+    n = len(ids)
+    lp = echo.choices[0].logprobs
+    assert echo.usage.prompt_tokens == n and len(lp.tokens) == len(lp.token_logprobs) == n + 4
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None and lp.text_offset[0] == 0
+    assert "".join(lp.tokens[:n]) == prompt and lp.text_offset[:n] == sorted(lp.text_offset[:n])
+    assert lp.tokens[n:] == plain.tokens
+    assert lp.token_logprobs[n:] == pytest.approx(plain.token_logprobs, abs=ROUNDING)
+    assert lp.text_offset[n:] == [o + len(prompt) for o in plain.text_offset]
+    assert echo.usage.prompt_tokens_details.cached_tokens == 0  # the prompt was read again, whole
+    assert streamed_tokens(chunks) == lp.tokens
+
+    target = tiny_engine.target  # the same numbers one token at a time (teacher forcing)
+    target.truncate(0)
+    for i in range(1, n):
+        row = target.decode([ids[i - 1]], [0])[0]
+        want = token_logprob(row, ids[i], SamplingParams(), 2)
+        assert lp.token_logprobs[i] == pytest.approx(want.logprob, abs=ROUNDING)
+        top = lp.top_logprobs[i]
+        assert lp.tokens[i] not in top or top[lp.tokens[i]] == lp.token_logprobs[i]
+    target.truncate(0)
 
 
 def test_logprobs_equal_with_drafting_on_off_and_on_a_no_draft_server(tiny_url, plain_url):

@@ -15,9 +15,10 @@ acceptance, tokens per target pass, tok/s) for a live display. One request field
 
 `logprobs` come from the target's own rows (speculative.Settings.logprobs, specchat/logprobs.py) in
 OpenAI's two shapes: chat's `content[]` of {token, logprob, bytes, top_logprobs}, and completions'
-`tokens` / `token_logprobs` / `top_logprobs` / `text_offset`. With `n` > 1 the answers are generated
-one after the other on the same prompt (whose cache they share); each choice has its own index,
-finish_reason and `speculative`, and the top-level figures are their totals.
+`tokens` / `token_logprobs` / `top_logprobs` / `text_offset` (with `echo`, the prompt's tokens first:
+server/echo.py). With `n` > 1 the answers are generated one after the other on the same prompt (whose
+cache they share); each choice has its own index, finish_reason and `speculative`, and the top-level
+figures are their totals.
 """
 
 from __future__ import annotations
@@ -190,10 +191,11 @@ def _logprobs(kind: Kind, body: Mapping[str, Any]) -> int | None:
 @dataclass(frozen=True, slots=True)
 class LogprobEntry:
     """One sent token's log-probabilities in wire terms: its bytes and logprob, the alternatives' bytes
-    and logprobs (likeliest first), and where its text starts in the choice's text (in characters)."""
+    and logprobs (likeliest first), and where its text starts in the choice's text (in characters).
+    `logprob` is None only for an echoed prompt's first token, which nothing comes before."""
 
     token: bytes
-    logprob: float
+    logprob: float | None
     top: tuple[tuple[bytes, float], ...]
     offset: int
 
@@ -246,18 +248,22 @@ class Choice:
 @dataclass(frozen=True, slots=True)
 class Reply:
     """Identity of one response, shared by all its chunks. `echo`: the prompt text, for a completion
-    request with `echo: true` (it comes before each choice's text)."""
+    request with `echo: true` (it comes before each choice's text), and with logprobs asked for, its
+    tokens' entries (server/echo.py), which come before each choice's."""
 
     kind: Kind
     model: str
     id: str
     created: int
     echo: str = ""
+    echo_logprobs: tuple[LogprobEntry, ...] = ()
 
     @classmethod
-    def new(cls, kind: Kind, model: str, *, echo: str = "") -> Reply:
+    def new(
+        cls, kind: Kind, model: str, *, echo: str = "", echo_logprobs: tuple[LogprobEntry, ...] = ()
+    ) -> Reply:
         prefix = "chatcmpl" if kind == "chat" else "cmpl"
-        return cls(kind, model, f"{prefix}-{uuid.uuid4().hex[:24]}", int(time.time()), echo)
+        return cls(kind, model, f"{prefix}-{uuid.uuid4().hex[:24]}", int(time.time()), echo, echo_logprobs)
 
     def _head(self, *, chunk: bool) -> dict[str, object]:
         if self.kind == "chat":
@@ -288,7 +294,7 @@ class Reply:
         return {
             "index": c.index,
             "text": self.echo + c.text,
-            "logprobs": None if c.logprobs is None else completion_logprobs(c.logprobs, len(self.echo)),
+            "logprobs": None if c.logprobs is None else self._completion_logprobs(c.logprobs),
             "finish_reason": c.finish_reason,
             "speculative": speculative(c.stats),
         }
@@ -319,6 +325,8 @@ class Reply:
         else:
             if logprobs is not None:
                 lp = completion_logprobs(logprobs, len(self.echo))
+            elif first and self.echo_logprobs:
+                lp = completion_logprobs(self.echo_logprobs)
             choice = {"index": index, "text": self.echo + text if first else text, "logprobs": lp}
         choice["finish_reason"] = finish_reason
         out = {**self._head(chunk=True), "choices": [choice]}
@@ -326,6 +334,14 @@ class Reply:
             out["pieces"] = [{"text": t, "source": s} for t, s in pieces]
         if progress is not None:
             out["progress"] = progress.to_dict()
+        return out
+
+    def _completion_logprobs(self, entries: Sequence[LogprobEntry]) -> dict[str, object]:
+        """A whole choice's: the echoed prompt's tokens, then the answer's after the prompt's text."""
+        out = completion_logprobs(entries, len(self.echo))
+        if self.echo_logprobs:
+            head = completion_logprobs(self.echo_logprobs)
+            out = {key: [*head[key], *out[key]] for key in out}  # type: ignore[misc]
         return out
 
     def final_chunk(
@@ -424,7 +440,7 @@ def chat_logprobs(entries: Sequence[LogprobEntry]) -> list[dict[str, object]]:
     return [
         {
             "token": _text(e.token),
-            "logprob": _finite(e.logprob),
+            "logprob": _finite(e.logprob if e.logprob is not None else NO_PROBABILITY),
             "bytes": list(e.token),
             "top_logprobs": [{"token": _text(b), "logprob": _finite(v), "bytes": list(b)} for b, v in e.top],
         }
@@ -436,15 +452,15 @@ def completion_logprobs(entries: Sequence[LogprobEntry], shift: int = 0) -> dict
     """The completions endpoint's parallel lists; `text_offset` counts characters of the returned
     text, so an echoed prompt (`shift` characters) comes first. Alternatives whose texts coincide
     (bytes of a split character) keep the likeliest."""
-    tops = []
+    tops: list[dict[str, float] | None] = []
     for e in entries:
         top: dict[str, float] = {}
         for b, v in e.top:
             top.setdefault(_text(b), _finite(v))
-        tops.append(top)
+        tops.append(top if e.logprob is not None else None)
     return {
         "tokens": [_text(e.token) for e in entries],
-        "token_logprobs": [_finite(e.logprob) for e in entries],
+        "token_logprobs": [None if e.logprob is None else _finite(e.logprob) for e in entries],
         "top_logprobs": tops,
         "text_offset": [e.offset + shift for e in entries],
     }

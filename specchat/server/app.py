@@ -107,7 +107,8 @@ async def _generate(request: Request, kind: Kind, worker: Worker, model: str, de
             return Response(status_code=204)  # the client left; nobody reads this
         if isinstance(first, ApiError):
             raise first
-        reply = Reply.new(kind, model, echo=req.prompt if req.echo else "")
+        echoed = first.prompt_logprobs if isinstance(first, Started) else ()
+        reply = Reply.new(kind, model, echo=req.prompt if req.echo else "", echo_logprobs=echoed)
         if req.stream:
             streaming = True  # the stream owns the job now, and cancels it when it ends
             return _JobStream(job, _sse(job, reply, req))
@@ -125,7 +126,8 @@ async def _generate(request: Request, kind: Kind, worker: Worker, model: str, de
                 texts[msg.index].extend(t for t, _ in msg.pieces)
                 entries[msg.index].extend(msg.logprobs)
             elif isinstance(msg, Finished):
-                cached = cached if choices else msg.cached  # the first answer found the prompt cached
+                if not choices:  # what the first answer found cached (nothing: echo logprobs re-read it)
+                    cached = 0 if reply.echo_logprobs else msg.cached
                 lp = tuple(entries[msg.index]) if req.logprobs is not None else None
                 text = "".join(texts[msg.index])
                 choices.append(Choice(msg.index, text, msg.finish_reason, msg.stats, lp))
@@ -179,7 +181,8 @@ async def _sse(job: Job, reply: Reply, req: GenRequest) -> AsyncIterator[str]:
             lp = msg.logprobs if req.logprobs is not None else None
             yield _event(reply.chunk(msg.pieces, index=msg.index, logprobs=lp, progress=msg.progress))
         elif isinstance(msg, Finished):
-            cached = cached if stats else msg.cached
+            if not stats:
+                cached = 0 if reply.echo_logprobs else msg.cached
             stats.append(msg.stats)
             totals = stats if len(stats) == req.n else ()
             yield _event(

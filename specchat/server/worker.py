@@ -41,6 +41,7 @@ from ..events import Done, Round, Stats, Token
 from ..sampling import SamplingParams
 from ..speculative import Planner, Tally
 from .api import ApiError, GenRequest, LogprobEntry, Progress, finish_reason, logprob_entry
+from .echo import prompt_logprobs
 from .stops import Piece, StopFilter, TokenGate
 
 
@@ -57,9 +58,11 @@ class Backend(Engine, Protocol):
 
 @dataclass(frozen=True, slots=True)
 class Started:
-    """The request's prompt is rendered and fits: generation begins (HTTP 200 can be sent)."""
+    """The request's prompt is rendered and fits: generation begins (HTTP 200 can be sent).
+    `prompt_logprobs`: the prompt's own, for a completion with echo and logprobs (server/echo.py)."""
 
     prompt_tokens: int
+    prompt_logprobs: tuple[LogprobEntry, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,7 +240,10 @@ class Worker:
         prompt = self._prompt(job)
         if prompt is None:
             return
-        job.emit(Started(len(prompt)))
+        echoed = ()
+        if req.echo and req.logprobs is not None:
+            echoed = prompt_logprobs(self.backend.target, prompt, req.logprobs)
+        job.emit(Started(len(prompt), echoed))
         for index in range(req.n):  # one after another: each reuses the prompt the cache holds
             if job.cancelled:  # shutting down or hung up: the answers not begun are empty
                 empty = Tally(prompt_tokens=len(prompt)).snapshot("interrupted")
