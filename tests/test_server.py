@@ -514,6 +514,9 @@ def test_serve_prints_how_to_call_it_answers_and_exits_0_on_a_signal(tiny_target
         url = re.search(r"http://127\.0\.0\.1:\d+/v1", banner)
         assert url, banner
         assert "curl" in banner and "OpenAI(base_url=" in banner and "model" in banner
+        page = re.search(r"page:\s+(http://127\.0\.0\.1:\d+/) ", banner)
+        assert page and page.group(1) == url.group().removesuffix("v1")
+        assert httpx.get(page.group(1), timeout=10).headers["content-type"].startswith("text/html")
         reply = client(url.group()).chat.completions.create(model="x", messages=HELLO, max_tokens=5)
         assert reply.usage.completion_tokens == 5
         proc.send_signal(sig)
