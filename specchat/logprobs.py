@@ -11,8 +11,8 @@ are never used. Which distribution is reported:
   (`sampling.support`, the same code that samples), as OpenAI reports. Tokens those filters removed
   have probability 0 and are not listed, so `top` may be shorter than asked.
 
-The loop computes these only when asked (`speculative.Settings.logprobs`): about 0.7 ms per token on
-a 152k vocabulary, which is under 2% of a token's time on a CPU.
+The loop computes these only when asked (`speculative.Settings.logprobs`): one pass for the
+normaliser and one or two for the candidates, about 0.5 ms per token on a 152k vocabulary.
 """
 
 from __future__ import annotations
@@ -53,12 +53,32 @@ def _raw(row: np.ndarray, token: int, n_top: int) -> TokenLogprob:
     chosen = float(row[token]) - lse
     if n_top == 0:
         return TokenLogprob(chosen)
-    n = row.shape[0]
-    idx = np.argpartition(row, n - n_top)[n - n_top :] if n_top < n else np.arange(n)
+    idx = _top_ids(row, m, min(n_top, row.shape[0]))
     vals = row[idx]
     order = np.lexsort((idx, -vals))  # best first; equal logits: the lower id, as greedy picks
-    top = tuple((int(idx[j]), float(vals[j]) - lse) for j in order)
-    return TokenLogprob(chosen, top)
+    return TokenLogprob(chosen, tuple((int(idx[j]), float(vals[j]) - lse) for j in order))
+
+
+def _top_ids(row: np.ndarray, m: float, need: int) -> np.ndarray:
+    """Ids of the `need` largest logits (`m` the largest), of equal ones the lowest.
+
+    First every logit within some distance of the maximum: one comparison pass, ~5x cheaper than
+    np.argpartition over a 152k vocabulary, and a model's logits are peaked, so one or two passes
+    find enough. Only when many are that close (near-flat rows) is the kth value found by partition.
+    """
+    width = 4.0
+    while True:
+        idx = np.flatnonzero(row >= m - width)  # ascending ids
+        if idx.size >= need or not math.isfinite(width):
+            break
+        width *= 4.0
+    if idx.size == need:
+        return idx
+    vals = row[idx]
+    kth = vals[np.argpartition(vals, idx.size - need)[idx.size - need]]  # the need-th largest value
+    above = np.flatnonzero(vals > kth)
+    ties = np.flatnonzero(vals == kth)[: need - above.size]  # the lowest ids among equal logits
+    return idx[np.concatenate([above, ties])]
 
 
 def _sampled(row: np.ndarray, token: int, params: SamplingParams, n_top: int) -> TokenLogprob:

@@ -47,6 +47,13 @@ def test_equal_logits_list_the_lower_id_first_as_greedy_picks_it():
     row[[7, 3, 40]] = 2.0
     lp = token_logprob(row, 3, GREEDY, 3)
     assert [t for t, _ in lp.top] == [3, 7, 40]
+    flat = np.zeros(5000, dtype=np.float32)  # every logit equal: the lowest ids
+    assert [t for t, _ in token_logprob(flat, 0, GREEDY, 5).top] == [0, 1, 2, 3, 4]
+    many = np.random.default_rng(2).standard_normal(5000).astype(np.float32)
+    ties = np.sort(np.random.default_rng(3).choice(5000, 40, replace=False))
+    many[ties] = 9.0  # 40 equal maxima, more than asked for
+    lp = token_logprob(many, int(np.argmax(many)), GREEDY, 20)
+    assert [t for t, _ in lp.top] == list(ties[:20]) and lp.top[0][0] == int(np.argmax(many))
 
 
 @pytest.mark.parametrize(
