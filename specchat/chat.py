@@ -82,11 +82,14 @@ def answer_events(
     max_tokens: int,
     rng: np.random.Generator,
     tally: Tally,
+    logprobs: int | None = None,
 ) -> Generator[Event, None, None]:
     """The speculative loop over an engine's models, with the verification settings loading measured.
 
     Whatever the engine's caches hold from the last answer is reused by common prefix (see the module
     docstring); the chat session, the HTTP server and `specchat run` all generate through here.
+    `logprobs`: give each Token the target's log-probabilities with this many alternatives
+    (speculative.Settings.logprobs; None computes nothing).
     """
     return generate(
         engine.target,
@@ -99,6 +102,7 @@ def answer_events(
             tie_margin=engine.tie_margin,
             exact_rows=engine.exact_rows,
             strict=engine.strict,
+            logprobs=logprobs,
         ),
         rng=rng,
         tally=tally,

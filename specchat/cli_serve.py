@@ -110,9 +110,10 @@ def serve(
 ) -> None:
     """Serve an OpenAI-compatible API (/v1/chat/completions, /v1/completions) with speculative decoding.
 
-    Point any OpenAI client at http://HOST:PORT/v1. Each request reuses the KV cache for the prompt
-    prefix it shares with the last one, so a resent conversation decodes only its new tokens.
-    Responses carry `usage` and a `speculative` object; stream chunks say each token's source.
+    Point any OpenAI client at http://HOST:PORT/v1, or a browser at http://HOST:PORT/ (a chat page
+    that colours tokens by source). Each request reuses the KV cache for the prompt prefix it shares
+    with the last one, so a resent conversation decodes only its new tokens. Responses carry `usage`
+    and a `speculative` object; stream chunks say each token's source.
 
     Examples:
 
@@ -298,6 +299,7 @@ def banner(
     return [
         f"[bold]specchat serve[/] · [bold cyan]{escape(url)}[/] (OpenAI-compatible)",
         f"  model [bold]{escape(model)}[/] · {escape(target)} · {escape(drafting)} · context {n_ctx}",
+        f"  [dim]page:[/]   {escape(url.removesuffix('/v1'))}/ (a chat in the browser, tokens coloured)",
         f"  [dim]curl:[/]   {escape(curl_line)}",
         f"  [dim]python:[/] from openai import OpenAI; print({escape(python)}.choices[0].message.content)",
         "  [dim]Ctrl-C stops the server.[/]",

@@ -5,6 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .logprobs import TokenLogprob
 
 
 class Source(str, Enum):
@@ -24,12 +28,14 @@ class Source(str, Enum):
 @dataclass(frozen=True, slots=True)
 class Token:
     """One committed token. `text` may be "" when the token ends inside a multi-byte character;
-    the following token then carries the whole character."""
+    the following token then carries the whole character. `logprob`: the target's log-probabilities
+    at this position, only when the loop was asked for them (speculative.Settings.logprobs)."""
 
     id: int
     text: str
     source: Source
     drafter: str | None = None
+    logprob: TokenLogprob | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -59,10 +59,19 @@ def probs(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
     entry. Applied identically to p (target) and q (draft), which exact verification requires.
     """
     n = logits.shape[0]
+    out = np.zeros(n, dtype=np.float64)
     if params.greedy:
-        out = np.zeros(n, dtype=np.float64)
         out[greedy(logits)] = 1.0
         return out
+    idx, w = support(logits, params)
+    out[idx] = w
+    return out
+
+
+def support(logits: np.ndarray, params: SamplingParams) -> tuple[np.ndarray, np.ndarray]:
+    """The tokens `probs` gives a non-zero probability (temperature > 0) and those probabilities,
+    without the dense vocab-sized array: what logprobs report, computed exactly as sampling does."""
+    n = logits.shape[0]
     if 0 < params.top_k < n:
         idx = np.argpartition(logits, n - params.top_k)[n - params.top_k :]
     else:
@@ -78,9 +87,7 @@ def probs(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
         chosen = order[:keep]
         idx, w = idx[chosen], w[chosen]
         w = w / w.sum()
-    out = np.zeros(n, dtype=np.float64)
-    out[idx] = w
-    return out
+    return idx, w
 
 
 def sample(p: np.ndarray, rng: np.random.Generator) -> int:

@@ -27,6 +27,7 @@ import numpy as np
 
 from .drafters import DraftBudget, Drafter, Proposal
 from .events import Done, DrafterStats, Event, Notice, Round, RouteStats, Source, Stats, Token
+from .logprobs import TokenLogprob, token_logprob
 from .model import Model, common_prefix_len, sync_cache
 from .sampling import SamplingParams, align, greedy, probs, sample, verify
 
@@ -95,6 +96,9 @@ class Settings:
     #: the cache by a non-exact batch could tip a near-tie: decisions on such a cache use the margin
     #: too, and a near-tie there first re-decodes the drifted span in exact batches (see generate)
     strict: bool = False
+    #: report each token's target log-probability and this many alternatives (Token.logprob);
+    #: None (the default) computes nothing
+    logprobs: int | None = None
 
 
 @dataclass(slots=True)
@@ -262,6 +266,13 @@ def generate(
             # the top-2 gaps of the rows walked: how tie-prone this text is, for the planner
             gaps: list[float] | None = [] if margin > 0.0 else None
             new, n_ok, judged = _verify(rows, proposal, params, rng, target.n_vocab, m, gaps)
+            lps, lp_seconds = None, 0.0
+            if settings.logprobs is not None:
+                # new[i] was decided by rows[i]: read them before truncate (a recurrent cache
+                # re-decodes there, overwriting them); not part of the round's cost for the planner
+                t_lp = time.perf_counter()
+                lps = _logprobs(rows, new, params, settings.logprobs)
+                lp_seconds = time.perf_counter() - t_lp
             recheck = len(new) == n_ok  # stopped at a near-tie: no target token was decided
             gap_rows = len(gaps) if gaps is not None else 0
             near = sum(g < margin for g in gaps) if gaps is not None else 0
@@ -285,11 +296,12 @@ def generate(
                 if target.is_eog(tok):
                     ended = True
                     break
+                lp = lps[i] if lps is not None else None
                 if i < n_ok:
                     assert drafter is not None
-                    yield Token(tok, detok.piece(tok), drafter.source, drafter.name)
+                    yield Token(tok, detok.piece(tok), drafter.source, drafter.name, lp)
                 else:
-                    yield Token(tok, detok.piece(tok), _target_source(judged, n_ok))
+                    yield Token(tok, detok.piece(tok), _target_source(judged, n_ok), None, lp)
             now = time.perf_counter()
             repaired, repair_s = 0, 0.0
             if recheck and drift_from is not None and settings.strict:
@@ -308,7 +320,7 @@ def generate(
                 emitted=emitted,
                 # what the planner learns V(n) from: not the time the consumer spent on the tokens
                 # (rendering 16 accepted tokens would make a 17-row batch look dearer than it is)
-                seconds=verified - t_verify + proposal.seconds,
+                seconds=verified - t_verify - lp_seconds + proposal.seconds,
                 draft_seconds=proposal.seconds,
                 recheck=recheck,
                 route=routes[which] if drafter is not None and which is not None else None,
@@ -351,6 +363,12 @@ def _repair(target: Model, committed: Sequence[int], start: int, rows: int) -> N
     end = len(committed) - 1
     for i in range(start, end, rows):
         target.decode(committed[i : min(i + rows, end)], [])
+
+
+def _logprobs(rows: np.ndarray, new: Sequence[int], params: SamplingParams, n_top: int) -> list[TokenLogprob]:
+    """Each committed token's log-probability under the target row that decided it (never a
+    draft's): row i decided new[i] (see _verify)."""
+    return [token_logprob(rows[i], tok, params, n_top) for i, tok in enumerate(new)]
 
 
 def _target_source(n_draft: int, n_ok: int) -> Source:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from .real_models import real_pair  # noqa: F401  (re-exported fixtures)
+from .serving import tiny_engine, tiny_url  # noqa: F401  (re-exported fixtures)
 from .tiny_models import (  # noqa: F401  (re-exported fixtures)
     not_a_gguf,
     tiny_incompatible,

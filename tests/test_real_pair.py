@@ -4,7 +4,6 @@ or `make stress`; skipped when the files are absent (`specchat pull qwen2.5-code
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import psutil
@@ -14,30 +13,6 @@ from typer.testing import CliRunner
 from specchat.cli import app
 
 pytestmark = pytest.mark.slow
-
-DEV_DIR = Path.home() / ".cache" / "specchat-dev" / "models"
-FILES = {
-    "target": "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
-    "draft": "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
-}
-
-
-def _find(name: str) -> Path | None:
-    """The file in the user's real specchat cache, or where the dev fetch script puts it."""
-    home = Path(os.environ.get("REAL_SPECCHAT_HOME", Path.home() / ".cache" / "specchat"))
-    for p in (*home.glob(f"models/*/{name}"), DEV_DIR / name):
-        if p.is_file():
-            return p
-    return None
-
-
-@pytest.fixture(scope="module")
-def real_pair() -> tuple[Path, Path]:
-    target, draft = _find(FILES["target"]), _find(FILES["draft"])
-    if target is None or draft is None:
-        pytest.skip("the real default pair is not downloaded")
-    return target, draft
-
 
 AUDIT_PROMPT = (
     "Write a Python module implementing a binary search tree with insert, delete, search, in-order, "

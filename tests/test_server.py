@@ -16,16 +16,13 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
-from pathlib import Path
+from collections.abc import Sequence
 
 import httpx
 import openai
 import pytest
 from typer.testing import CliRunner
 
-from specchat import loader
 from specchat.cli import app as cli_app
 from specchat.errors import ContextFull
 from specchat.server.api import ApiError, Defaults, parse_json, parse_request
@@ -35,63 +32,10 @@ from specchat.server.worker import Worker
 from specchat.speculative import FixedK
 
 from .fakes import FakeModel
+from .serving import client, health, serving, wait_until
 
 SOURCES = {"draft", "ngram", "correction", "bonus", "target"}
 HELLO = [{"role": "user", "content": "Tell me a story about a cat"}]
-
-
-# --- harness ---------------------------------------------------------------------------------------------
-
-
-@contextmanager
-def serving(
-    backend: object, *, queue: int = 8, api_key: str | None = None, k: int | None = 3
-) -> Iterator[str]:
-    """A server on 127.0.0.1 (free port) over `backend`; yields its base URL (…/v1)."""
-    worker = Worker(backend, k=3, queue_size=queue)  # type: ignore[arg-type]
-    app = create_app(worker, model="tiny", defaults=Defaults(max_tokens=32), api_key=api_key)
-    http = ServerThread(app, bind("127.0.0.1", 0), graceful_seconds=2)
-    worker.start()
-    http.start()
-    try:
-        yield f"http://127.0.0.1:{http.port}/v1"
-    finally:
-        worker.shutdown()
-        http.stop(timeout=10)
-        assert worker.join(timeout=10), "the generation thread did not stop"
-
-
-def client(url: str, key: str = "none") -> openai.OpenAI:
-    return openai.OpenAI(base_url=url, api_key=key, max_retries=0, timeout=30)
-
-
-def health(url: str) -> dict[str, object]:
-    return httpx.get(url.removesuffix("/v1") + "/health", timeout=5).json()
-
-
-def wait_until(check, timeout: float = 10.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "timed out waiting"
-        time.sleep(0.02)
-
-
-@pytest.fixture(scope="module")
-def tiny_engine(tiny_pair: tuple[Path, Path]) -> Iterator[loader.LoadedEngine]:
-    """The tiny pair loaded as `serve` loads it: a draft model and the n-gram drafter."""
-    target, draft = (str(p) for p in tiny_pair)
-    cfg = loader.LoadConfig(target=target, drafts=(draft, "ngram"), ctx_size=512, threads=1)
-    loaded = loader.load(cfg)
-    try:
-        yield loader.LoadedEngine(loaded)
-    finally:
-        loaded.close()
-
-
-@pytest.fixture(scope="module")
-def tiny_url(tiny_engine: loader.LoadedEngine) -> Iterator[str]:
-    with serving(tiny_engine) as url:
-        yield url
 
 
 # --- a fake backend whose decoding a test controls ---------------------------------------------------------
@@ -266,7 +210,16 @@ BAD = [
     (b'{"messages": [{"role": "user", "content": "x"}], "top_p": 2}', None, "top_p"),
     (b'{"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}', None, "temperature"),
     (b'{"messages": [{"role": "user", "content": "x"}], "stop": [1]}', None, "stop"),
-    (b'{"messages": [{"role": "user", "content": "x"}], "n": 2}', None, "n"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "n": 9}', None, "n"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "n": 0}', None, "n"),
+    (
+        b'{"messages": [{"role": "user", "content": "x"}], "logprobs": true, "top_logprobs": 21}',
+        None,
+        "top_logprobs",
+    ),
+    (b'{"messages": [{"role": "user", "content": "x"}], "top_logprobs": 3}', None, "top_logprobs"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "logprobs": 5}', None, "logprobs"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "speculative": "off"}', None, "speculative"),
 ]
 
 
@@ -393,6 +346,37 @@ def test_shutdown_ends_the_current_answer_and_refuses_the_waiting():
     done = by_status[200]
     assert done["choices"][0]["finish_reason"] == "length"
     assert done["speculative"]["stop_reason"] == "interrupted" and done["usage"]["completion_tokens"] < 50
+
+
+def test_shutdown_during_the_first_of_n_answers_answers_with_all_n():
+    backend = FakeBackend()
+    worker = Worker(backend, queue_size=4)  # type: ignore[arg-type]
+    app = create_app(worker, model="fake", defaults=Defaults(max_tokens=50))
+    http = ServerThread(app, bind("127.0.0.1", 0), graceful_seconds=5)
+    worker.start()
+    http.start()
+    url = f"http://127.0.0.1:{http.port}/v1"
+    try:
+        backend.target.gate.clear()
+        results: list[httpx.Response] = []
+        thread = threading.Thread(
+            target=_post, args=(url, results, {"prompt": "hi", "max_tokens": 50, "n": 3})
+        )
+        thread.start()
+        wait_until(lambda: health(url)["busy"])
+        worker.shutdown()
+        backend.target.gate.set()
+        thread.join(30)
+    finally:
+        worker.shutdown()
+        http.stop(timeout=10)
+        assert worker.join(timeout=10)
+    body = results[0].json()
+    assert results[0].status_code == 200 and [c["index"] for c in body["choices"]] == [0, 1, 2]
+    assert all(c["finish_reason"] == "length" for c in body["choices"])
+    stats = [c["speculative"] for c in body["choices"]]
+    assert stats[0]["generated_tokens"] < 50 and [s["generated_tokens"] for s in stats[1:]] == [0, 0]
+    assert all(s["stop_reason"] == "interrupted" for s in stats)
 
 
 # --- the wire format ----------------------------------------------------------------------------------------
@@ -530,6 +514,9 @@ def test_serve_prints_how_to_call_it_answers_and_exits_0_on_a_signal(tiny_target
         url = re.search(r"http://127\.0\.0\.1:\d+/v1", banner)
         assert url, banner
         assert "curl" in banner and "OpenAI(base_url=" in banner and "model" in banner
+        page = re.search(r"page:\s+(http://127\.0\.0\.1:\d+/) ", banner)
+        assert page and page.group(1) == url.group().removesuffix("v1")
+        assert httpx.get(page.group(1), timeout=10).headers["content-type"].startswith("text/html")
         reply = client(url.group()).chat.completions.create(model="x", messages=HELLO, max_tokens=5)
         assert reply.usage.completion_tokens == 5
         proc.send_signal(sig)

@@ -1,9 +1,10 @@
 """The HTTP side: Starlette routes over the worker, the API-key check, server-sent events, uvicorn.
 
 Routes: POST /v1/chat/completions, POST /v1/completions (streamed or not), GET /v1/models, GET
-/health. Every failure a client can cause is JSON in OpenAI's error shape (400 bad input, 401 wrong
-key, 404 unknown route, 503 busy or stopping); an unexpected one is a 500 with the same shape, and
-the server keeps running.
+/health, and GET / (the live page, page.py; it needs no key, as it holds none: it asks the user).
+Every failure a client can cause is JSON in OpenAI's error shape (400 bad input, 401 wrong key, 404
+unknown route, 503 busy or stopping); an unexpected one is a 500 with the same shape, and the server
+keeps running.
 
 The handler waits for the worker's first message before answering, so a prompt that does not fit is
 a 400 even for a streamed request. While a request waits (queued, or generating without a stream)
@@ -27,19 +28,23 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..errors import BadInput
+from ..events import Stats
 from . import api
-from .api import ApiError, Defaults, Kind, Reply
+from .api import ApiError, Choice, Defaults, GenRequest, Kind, LogprobEntry, Reply
+from .page import HEADERS as PAGE_HEADERS
+from .page import render_page
 from .worker import Delta, Finished, Job, Message, Started, Worker
 
 #: How often a waiting handler checks whether its client is still there (seconds).
 POLL = 0.25
-#: Paths answered without the API key, so a health check needs no secret.
-OPEN_PATHS = frozenset({"/health"})
+#: Paths answered without the API key: a health check needs no secret, and the page holds none (its
+#: requests to the API send the key the user types in).
+OPEN_PATHS = frozenset({"/health", "/"})
 
 
 def create_app(
@@ -66,7 +71,15 @@ def create_app(
     async def health(request: Request) -> Response:
         return JSONResponse({"status": "ok", "model": model, **worker.status()})
 
+    html = render_page(
+        model=model, api_key=api_key is not None, drafter_sources=[d.source for d in worker.backend.drafters]
+    )
+
+    async def index(request: Request) -> Response:
+        return HTMLResponse(html, headers=PAGE_HEADERS)
+
     routes = [
+        Route("/", index, methods=["GET"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
@@ -94,21 +107,31 @@ async def _generate(request: Request, kind: Kind, worker: Worker, model: str, de
             return Response(status_code=204)  # the client left; nobody reads this
         if isinstance(first, ApiError):
             raise first
-        reply = Reply.new(kind, model)
+        echoed = first.prompt_logprobs if isinstance(first, Started) else ()
+        reply = Reply.new(kind, model, echo=req.prompt if req.echo else "", echo_logprobs=echoed)
         if req.stream:
             streaming = True  # the stream owns the job now, and cancels it when it ends
-            return _JobStream(job, _sse(job, reply, include_usage=req.include_usage))
-        pieces: list[str] = []
-        while True:
+            return _JobStream(job, _sse(job, reply, req))
+        texts: list[list[str]] = [[] for _ in range(req.n)]
+        entries: list[list[LogprobEntry]] = [[] for _ in range(req.n)]
+        choices: list[Choice] = []
+        cached = 0
+        while len(choices) < req.n:
             msg = await _next(job, request)
             if msg is None:
                 return Response(status_code=204)
             if isinstance(msg, ApiError):
                 raise msg
             if isinstance(msg, Delta):
-                pieces.extend(t for t, _ in msg.pieces)
+                texts[msg.index].extend(t for t, _ in msg.pieces)
+                entries[msg.index].extend(msg.logprobs)
             elif isinstance(msg, Finished):
-                return JSONResponse(reply.body("".join(pieces), msg.finish_reason, msg.stats, msg.cached))
+                if not choices:  # what the first answer found cached (nothing: echo logprobs re-read it)
+                    cached = 0 if reply.echo_logprobs else msg.cached
+                lp = tuple(entries[msg.index]) if req.logprobs is not None else None
+                text = "".join(texts[msg.index])
+                choices.append(Choice(msg.index, text, msg.finish_reason, msg.stats, lp))
+        return JSONResponse(reply.body(choices, cached))
     finally:
         if not streaming:
             job.cancel()  # finished: a no-op; the client left or we failed: stop generating for it
@@ -144,24 +167,36 @@ class _JobStream(StreamingResponse):
             self.job.cancel()
 
 
-async def _sse(job: Job, reply: Reply, *, include_usage: bool) -> AsyncIterator[str]:
-    """Server-sent events: chunks as the worker sends rounds, the final chunk, then [DONE]."""
-    if reply.kind == "chat":
+async def _sse(job: Job, reply: Reply, req: GenRequest) -> AsyncIterator[str]:
+    """Server-sent events: per answer (n of them, one after another) its opening chunk, chunks as
+    the worker sends rounds and its final chunk; the usage chunk if asked; then [DONE]."""
+    opens = reply.kind == "chat" or bool(reply.echo)  # a role, or the echoed prompt, comes first
+    stats: list[Stats] = []
+    cached = 0
+    if opens:
         yield _event(reply.chunk(first=True))
-    while True:
+    while len(stats) < req.n:
         msg = await job.out.get()
         if isinstance(msg, Delta):
-            yield _event(reply.chunk(msg.pieces))
+            lp = msg.logprobs if req.logprobs is not None else None
+            yield _event(reply.chunk(msg.pieces, index=msg.index, logprobs=lp, progress=msg.progress))
         elif isinstance(msg, Finished):
-            yield _event(reply.final_chunk(msg.finish_reason, msg.stats, msg.cached))
-            if include_usage:
-                yield _event(reply.usage_chunk(msg.stats, msg.cached))
-            break
+            if not stats:
+                cached = 0 if reply.echo_logprobs else msg.cached
+            stats.append(msg.stats)
+            totals = stats if len(stats) == req.n else ()
+            yield _event(
+                reply.final_chunk(msg.index, msg.finish_reason, msg.stats, totals=totals, cached=cached)
+            )
+            if opens and len(stats) < req.n:
+                yield _event(reply.chunk(index=len(stats), first=True))
         elif isinstance(msg, ApiError):  # failed mid-stream: OpenAI sends the error as an event
             yield _event(msg.body())
             break
         elif not isinstance(msg, Started):
             raise TypeError(f"unexpected message {msg!r}")
+    if req.include_usage and len(stats) == req.n:
+        yield _event(reply.usage_chunk(stats, cached))
     yield "data: [DONE]\n\n"
 
 
@@ -186,7 +221,7 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     if exc.status_code == 404:
         message = f"no route {request.method} {request.url.path}; this server has /v1/chat/completions, "
-        message += "/v1/completions, /v1/models and /health"
+        message += "/v1/completions, /v1/models, /health and the page at /"
     else:
         message = f"{request.method} is not allowed on {request.url.path}"
     code = "not_found" if exc.status_code == 404 else "method_not_allowed"

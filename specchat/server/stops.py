@@ -3,14 +3,17 @@
 Text arrives token by token, and a stop string can span tokens, so text that might be the beginning of
 a stop string is held back until the next tokens show whether it is; only then is it sent (or dropped
 with the rest). Each piece keeps the source of the token it came from, so the client can still colour
-what it gets.
+what it gets; a TokenGate holds each token's logprobs back with its text.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
+from typing import Generic, TypeVar
 
 Piece = tuple[str, str]  # (text, source)
+T = TypeVar("T")
 
 
 class StopFilter:
@@ -63,4 +66,41 @@ class StopFilter:
                 out.append((text[:n], source))
                 self._held[0] = (text[n:], source)
                 n = 0
+        return out
+
+
+class TokenGate(Generic[T]):
+    """Per-token records (logprobs) released in step with the text a StopFilter lets through.
+
+    A token's record goes out once all its text has been sent, so a client never gets logprobs for
+    text it has not seen (held back as a possible stop string) or will never see (cut by one). A
+    token with no text of its own (the first bytes of a character the next token completes) goes out
+    once that character has.
+    """
+
+    def __init__(self) -> None:
+        self._waiting: deque[tuple[int, int, T]] = deque()  # (start, end) characters, record
+        self.fed = 0  # characters of all tokens added: where the next token's text starts
+        self._sent = 0
+
+    def add(self, length: int, record: T) -> None:
+        """The next token: `length` characters of text, and its record."""
+        self._waiting.append((self.fed, self.fed + length, record))
+        self.fed += length
+
+    def release(self, sent: int) -> list[T]:
+        """`sent` more characters went out: the records now due."""
+        self._sent += sent
+        out: list[T] = []
+        while self._waiting and self._waiting[0][0] < self._sent and self._waiting[0][1] <= self._sent:
+            out.append(self._waiting.popleft()[2])
+        return out
+
+    def finish(self, *, stopped: bool) -> list[T]:
+        """At the end: after a stop string, the records of tokens whose text was partly sent (the
+        one the cut fell in); otherwise every record left."""
+        out: list[T] = []
+        while self._waiting and (not stopped or self._waiting[0][0] < self._sent):
+            out.append(self._waiting.popleft()[2])
+        self._waiting.clear()
         return out

@@ -40,8 +40,9 @@ from ..errors import ContextFull, SpecchatError
 from ..events import Done, Round, Stats, Token
 from ..sampling import SamplingParams
 from ..speculative import Planner, Tally
-from .api import ApiError, GenRequest, finish_reason
-from .stops import Piece, StopFilter
+from .api import ApiError, GenRequest, LogprobEntry, Progress, finish_reason, logprob_entry
+from .echo import prompt_logprobs
+from .stops import Piece, StopFilter, TokenGate
 
 
 class Backend(Engine, Protocol):
@@ -57,23 +58,32 @@ class Backend(Engine, Protocol):
 
 @dataclass(frozen=True, slots=True)
 class Started:
-    """The request's prompt is rendered and fits: generation begins (HTTP 200 can be sent)."""
+    """The request's prompt is rendered and fits: generation begins (HTTP 200 can be sent).
+    `prompt_logprobs`: the prompt's own, for a completion with echo and logprobs (server/echo.py)."""
 
     prompt_tokens: int
+    prompt_logprobs: tuple[LogprobEntry, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
 class Delta:
-    """Text of one round (one target pass), split by token, each piece with its token's source."""
+    """Text of one round (one target pass) of answer `index`, split by token, each piece with its
+    token's source; the logprobs of the tokens now sent (when asked); the answer's figures so far."""
 
     pieces: tuple[Piece, ...]
+    index: int = 0
+    logprobs: tuple[LogprobEntry, ...] = ()
+    progress: Progress | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Finished:
+    """Answer `index` is complete (a request with n answers gets n of these, in order)."""
+
     stats: Stats
     finish_reason: str
     cached: int  # prompt tokens found in the KV cache (OpenAI's usage.prompt_tokens_details)
+    index: int = 0
 
 
 Message = Started | Delta | Finished | ApiError
@@ -100,6 +110,15 @@ class Job:
         """Hand a message to the HTTP side (from the worker thread)."""
         with suppress(RuntimeError):  # the event loop is closed: nobody is listening any more
             self._loop.call_soon_threadsafe(self.out.put_nowait, message)
+
+
+def choice_seed(seed: int, index: int) -> int:
+    """The seed of answer `index` of a seeded request: the request's own for the first (so n=1 and
+    the first of n agree), and one derived from (seed, index) for the others, so each differs and
+    every one repeats."""
+    if index == 0:
+        return seed
+    return int(np.random.SeedSequence([seed, index]).generate_state(1)[0])
 
 
 def cached_tokens(stats: Stats) -> int:
@@ -221,15 +240,29 @@ class Worker:
         prompt = self._prompt(job)
         if prompt is None:
             return
+        echoed = ()
+        if req.echo and req.logprobs is not None:
+            echoed = prompt_logprobs(self.backend.target, prompt, req.logprobs)
+        job.emit(Started(len(prompt), echoed))
+        for index in range(req.n):  # one after another: each reuses the prompt the cache holds
+            if job.cancelled:  # shutting down or hung up: the answers not begun are empty
+                empty = Tally(prompt_tokens=len(prompt)).snapshot("interrupted")
+                job.emit(Finished(empty, "length", 0, index))
+            else:
+                self._answer(job, prompt, index)
+
+    def _answer(self, job: Job, prompt: list[int], index: int) -> None:
+        req = job.request
         backend = self.backend
         params = SamplingParams(temperature=req.temperature, top_k=req.top_k, top_p=req.top_p)
-        drafters = list(backend.drafters)
+        drafters = list(backend.drafters) if req.draft else []  # `speculative: false`: target alone
         follow_temperature(drafters, self.p_min, params, auto=self.k is None)
         if req.seed is None:
-            planner, rng = self._planner, self._rng
+            planner, rng = (self._planner if drafters else None), self._rng
         else:  # a seeded request repeats: its own planner and sampler, both from the seed
-            planner = backend.planner(self.k, seed=req.seed) if drafters else None
-            rng = np.random.default_rng(req.seed)
+            seed = choice_seed(req.seed, index)
+            planner = backend.planner(self.k, seed=seed) if drafters else None
+            rng = np.random.default_rng(seed)
         tally = Tally()
         events = answer_events(
             backend,
@@ -240,9 +273,10 @@ class Worker:
             max_tokens=req.max_tokens,
             rng=rng,
             tally=tally,
+            logprobs=req.logprobs,
         )
-        job.emit(Started(len(prompt)))
         stops = StopFilter(req.stop)
+        gate: TokenGate[LogprobEntry] | None = TokenGate() if req.logprobs is not None else None
         pending: list[Piece] = []
         stats: Stats | None = None
         try:
@@ -251,8 +285,11 @@ class Worker:
                     break
                 if isinstance(ev, Token):
                     pending.append((ev.text, ev.source.value))
+                    if gate is not None and ev.logprob is not None:
+                        entry = logprob_entry(ev.id, ev.logprob, gate.fed, backend.target.token_bytes)
+                        gate.add(len(ev.text), entry)
                 elif isinstance(ev, Round):
-                    self._send(job, stops.feed(pending))
+                    self._send(job, index, stops.feed(pending), gate, Progress.of(tally))
                     pending = []
                     if stops.stopped:
                         break
@@ -262,10 +299,12 @@ class Worker:
             events.close()  # within the round: caches keep a prefix of what was committed
         if stats is None:
             stats = tally.snapshot("stop_string" if stops.stopped else "interrupted")
-        self._send(job, [*stops.feed(pending), *stops.flush()])
+        last = [*stops.feed(pending), *stops.flush()]
+        self._send(job, index, last, gate, Progress.of(tally), end=stops.stopped)
         cached = cached_tokens(stats)
-        job.emit(Finished(stats, finish_reason(stats.stop_reason, stopped_by_string=stops.stopped), cached))
-        self.log(_summary(req, stats, cached))
+        reason = finish_reason(stats.stop_reason, stopped_by_string=stops.stopped)
+        job.emit(Finished(stats, reason, cached, index))
+        self.log(_summary(req, stats, cached, index))
 
     def _prompt(self, job: Job) -> list[int] | None:
         """The request's token ids through the chat template (or as plain text); None after telling
@@ -286,9 +325,24 @@ class Worker:
         return tokens
 
     @staticmethod
-    def _send(job: Job, pieces: Sequence[Piece]) -> None:
-        if pieces:
-            job.emit(Delta(tuple(pieces)))
+    def _send(
+        job: Job,
+        index: int,
+        pieces: Sequence[Piece],
+        gate: TokenGate[LogprobEntry] | None,
+        progress: Progress,
+        *,
+        end: bool | None = None,
+    ) -> None:
+        """Send what the stop filter let through, with the logprobs now due; `end`: the answer's
+        last send (True when a stop string ended it)."""
+        entries: list[LogprobEntry] = []
+        if gate is not None:
+            entries = gate.release(sum(len(t) for t, _ in pieces))
+            if end is not None:
+                entries += gate.finish(stopped=end)
+        if pieces or entries:
+            job.emit(Delta(tuple(pieces), index, tuple(entries), progress))
 
 
 def _shutting_down() -> ApiError:
@@ -300,10 +354,11 @@ def _plain(err: SpecchatError) -> str:
     return f"{err.message} ({err.hint})" if err.hint else err.message
 
 
-def _summary(req: GenRequest, stats: Stats, cached: int) -> str:
+def _summary(req: GenRequest, stats: Stats, cached: int, index: int = 0) -> str:
     """One log line per answer: what the loop did, for the person watching the server."""
+    which = f" {index + 1}/{req.n}" if req.n > 1 else ""
     parts = [
-        f"{req.kind}: {stats.prompt_tokens} prompt tokens ({cached} cached)",
+        f"{req.kind}{which}: {stats.prompt_tokens} prompt tokens ({cached} cached)",
         f"{stats.generated_tokens} generated, {stats.tokens_per_second:.1f} tok/s",
     ]
     if stats.drafted:

@@ -1,0 +1,80 @@
+"""The harness of the `specchat serve` tests: a server in-process on 127.0.0.1 (a free port) over a
+backend (the tiny GGUF pair, or a fake), the `openai` client pointed at it, and small waits.
+
+Fixtures `tiny_engine` (the tiny pair loaded as `serve` loads it: a draft model and the n-gram
+drafter) and `tiny_url` (a server over it) are module-scoped; conftest.py re-exports them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from specchat import loader
+from specchat.server.api import Defaults
+from specchat.server.app import ServerThread, bind, create_app
+from specchat.server.worker import Worker
+
+
+@contextmanager
+def serving(
+    backend: object, *, queue: int = 8, api_key: str | None = None, k: int | None = 3, max_tokens: int = 32
+) -> Iterator[str]:
+    """A server on 127.0.0.1 (free port) over `backend`; yields its base URL (…/v1)."""
+    worker = Worker(backend, k=k, queue_size=queue)  # type: ignore[arg-type]
+    app = create_app(worker, model="tiny", defaults=Defaults(max_tokens=max_tokens), api_key=api_key)
+    http = ServerThread(app, bind("127.0.0.1", 0), graceful_seconds=2)
+    worker.start()
+    http.start()
+    try:
+        yield f"http://127.0.0.1:{http.port}/v1"
+    finally:
+        worker.shutdown()
+        http.stop(timeout=10)
+        assert worker.join(timeout=10), "the generation thread did not stop"
+
+
+def client(url: str, key: str = "none") -> openai.OpenAI:
+    return openai.OpenAI(base_url=url, api_key=key, max_retries=0, timeout=30)
+
+
+def health(url: str) -> dict[str, object]:
+    return httpx.get(url.removesuffix("/v1") + "/health", timeout=5).json()
+
+
+def wait_until(check, timeout: float = 10.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.02)
+
+
+@contextmanager
+def loaded_engine(target: Path, drafts: tuple[str, ...] = ()) -> Iterator[loader.LoadedEngine]:
+    """`target` (and `drafts`) loaded as `serve` loads them, on one thread with a 512-token context."""
+    cfg = loader.LoadConfig(target=str(target), drafts=drafts, ctx_size=512, threads=1)
+    loaded = loader.load(cfg)
+    try:
+        yield loader.LoadedEngine(loaded)
+    finally:
+        loaded.close()
+
+
+@pytest.fixture(scope="module")
+def tiny_engine(tiny_pair: tuple[Path, Path]) -> Iterator[loader.LoadedEngine]:
+    """The tiny pair loaded as `serve` loads it: a draft model and the n-gram drafter."""
+    target, draft = tiny_pair
+    with loaded_engine(target, (str(draft), "ngram")) as engine:
+        yield engine
+
+
+@pytest.fixture(scope="module")
+def tiny_url(tiny_engine: loader.LoadedEngine) -> Iterator[str]:
+    with serving(tiny_engine) as url:
+        yield url
