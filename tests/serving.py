@@ -7,10 +7,12 @@ drafter) and `tiny_url` (a server over it) are module-scoped; conftest.py re-exp
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TypeVar
 
 import httpx
 import openai
@@ -38,6 +40,44 @@ def serving(
         worker.shutdown()
         http.stop(timeout=10)
         assert worker.join(timeout=10), "the generation thread did not stop"
+
+
+T = TypeVar("T")
+
+
+def serve_here(
+    backend: object, drive: Callable[[str], T], *, k: int | None = None, timeout: float = 900
+) -> T:
+    """`drive(url)` in a helper thread while this thread generates, as `specchat serve` runs: every
+    llama.cpp call on the thread that loaded the models (server/worker.py: a second generating thread
+    costs a CPU ~12 ms a token), so the figures a test sees are the real ones. Returns drive's value."""
+    worker = Worker(backend, k=k)  # type: ignore[arg-type]
+    http = ServerThread(
+        create_app(worker, model="tiny", defaults=Defaults(max_tokens=32)), bind("127.0.0.1", 0)
+    )
+    http.start()
+    done: list[T] = []
+    failed: list[BaseException] = []
+
+    def body() -> None:
+        try:
+            done.append(drive(f"http://127.0.0.1:{http.port}/v1"))
+        except BaseException as exc:  # handed to the caller's thread below
+            failed.append(exc)
+        finally:
+            worker.shutdown()
+
+    helper = threading.Thread(target=body, name="specchat-test-driver", daemon=True)
+    helper.start()
+    try:
+        worker.run()  # returns once `body` has shut the worker down
+    finally:
+        worker.shutdown()
+        helper.join(timeout)
+        http.stop(timeout=10)
+    if failed:
+        raise failed[0]
+    return done[0]
 
 
 def client(url: str, key: str = "none") -> openai.OpenAI:

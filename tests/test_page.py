@@ -21,7 +21,7 @@ from specchat.render import LABELS, STYLES
 from specchat.server.page import legend_sources, render_page
 
 from .cdp import Browser, find_chromium
-from .serving import loaded_engine, serving
+from .serving import loaded_engine, serve_here, serving
 
 SOURCES = {s.value for s in Source}
 PROMPT = "Tell me a story about a cat"
@@ -187,25 +187,24 @@ def test_the_page_asks_for_the_key_and_keeps_it_out_of_urls(tiny_engine, browser
 @pytest.mark.slow
 @pytest.mark.browser
 def test_the_page_on_the_real_pair(real_pair, browser, tmp_path):
-    """The README's screenshot: the default pair (recommended draft + n-gram), a code prompt."""
+    """The README's screenshot: the default pair (recommended draft + n-gram, auto k), a code prompt,
+    served as `specchat serve` serves (generating on the thread that loaded the models)."""
     target, draft = real_pair
     cfg = loader.LoadConfig(target=str(target), drafts=(str(draft), "ngram"), ctx_size=2048)
     loaded = loader.load(cfg)
+    prompt = "Write a Python function that checks whether a string is a palindrome, with a docstring."
+
+    def drive(url: str) -> set[str]:
+        browser.goto(url.removesuffix("/v1") + "/")
+        ask(browser, prompt, max_tokens=160, timeout=600)
+        browser.screenshot(shots_dir(tmp_path) / "serve-page.png")
+        return {t["source"] for t in tokens(browser)}
+
     try:
-        engine = loader.LoadedEngine(loaded)
-        with serving(engine, k=None) as url:
-            b = browser
-            b.goto(url.removesuffix("/v1") + "/")
-            ask(
-                b,
-                "Write a Python function that checks whether a string is a palindrome, with a docstring.",
-                timeout=300,
-            )
-            sources = {t["source"] for t in tokens(b)}
-            assert sources & {"draft", "ngram"}
-            b.screenshot(shots_dir(tmp_path) / "serve-page.png")
+        sources = serve_here(loader.LoadedEngine(loaded), drive)
     finally:
         loaded.close()
+    assert sources & {"draft", "ngram"} and sources <= SOURCES
 
 
 def test_loaded_engine_has_no_drafters_without_drafts(tiny_pair):
