@@ -20,7 +20,7 @@ from specchat.server.api import Defaults, combined, parse_request
 from specchat.server.stops import TokenGate
 from specchat.server.worker import choice_seed
 
-from .serving import client, loaded_engine, serving
+from .serving import client, loaded_engine, serve_here, serving
 
 HELLO = [{"role": "user", "content": "Tell me a story about a cat"}]
 #: batched verify rows and one-token rows round differently in the last bits (what the tie margin is
@@ -232,6 +232,20 @@ def test_n_with_logprobs_on_completions(tiny_url):
     a, b = (ch.logprobs for ch in reply.choices)
     assert reply.choices[0].text == reply.choices[1].text and a.tokens == b.tokens  # temperature 0
     assert a.token_logprobs == pytest.approx(b.token_logprobs, abs=ROUNDING)
+
+
+def test_logprobs_and_n_when_generating_on_the_thread_that_loaded_the_models(tiny_engine):
+    """As `specchat serve` runs (Worker.run on the loading thread, not a thread of its own)."""
+
+    def drive(url: str) -> openai.types.chat.ChatCompletion:
+        return client(url).chat.completions.create(
+            model="tiny", messages=HELLO, max_tokens=6, temperature=0, n=2, logprobs=True, top_logprobs=2
+        )
+
+    reply = serve_here(tiny_engine, drive, k=3)
+    assert [ch.index for ch in reply.choices] == [0, 1]
+    assert all(len(ch.logprobs.content) == 6 for ch in reply.choices)
+    assert reply.choices[0].message.content == reply.choices[1].message.content  # temperature 0
 
 
 def test_the_openai_client_gets_400s_and_the_server_keeps_serving(tiny_url):
