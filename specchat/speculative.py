@@ -97,7 +97,10 @@ class Settings:
     #: too, and a near-tie there first re-decodes the drifted span in exact batches (see generate)
     strict: bool = False
     #: report each token's target log-probability and this many alternatives (Token.logprob);
-    #: None (the default) computes nothing
+    #: None (the default) computes nothing. Greedy, verify batches then stay within `exact_rows`
+    #: (none beyond one row when it is 0): rows of a bigger batch differ from one-token decoding's
+    #: by up to ~0.1 in log-probability on a CPU (another GEMM), and the logprobs are the model's
+    #: own, equal to plain decoding's; the tokens are the same either way
     logprobs: int | None = None
 
 
@@ -219,6 +222,8 @@ def generate(
     # decoding would hold). Such K/V differ from one-token ones in the last bits, and so do the
     # logits of every later row, a single token included: see the repair below
     drift_from: int | None = None
+    # greedy logprobs: drafts per round at most, so every verify batch is bit-identical (Settings)
+    exact_cap = max(0, settings.exact_rows - 1) if settings.logprobs is not None and params.greedy else None
     tally.prompt_tokens = n_prompt
 
     t0 = time.perf_counter()
@@ -245,6 +250,8 @@ def generate(
                 )
                 break
             max_k = min(remaining - 1, room - 1)
+            if exact_cap is not None:
+                max_k = min(max_k, exact_cap)
             routes = [d.route(committed) for d in drafters] if drafters and not recheck else []
             lags = [d.lag(committed) for d in drafters] if routes else []
             which, k = planner.plan(max_k, routes, lags) if routes else (None, 0)

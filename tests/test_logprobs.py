@@ -17,7 +17,7 @@ from specchat.logprobs import MAX_TOP, token_logprob
 from specchat.sampling import SamplingParams, probs
 from specchat.speculative import FixedK, Settings, generate
 
-from .fakes import FakeModel
+from .fakes import DriftModel, FakeModel
 
 GREEDY = SamplingParams()
 PROMPT = [1, 2, 3, 4]
@@ -109,7 +109,8 @@ def test_the_chosen_tokens_entry_in_top_is_its_logprob(seed, temperature, top_k,
 # --- in the loop ---------------------------------------------------------------------------------------
 
 
-def loop_tokens(target, draft=None, *, params=GREEDY, logprobs=5, k=4, n=40, seed=0) -> list[Token]:
+def loop_tokens(target, draft=None, *, params=GREEDY, logprobs=5, k=4, n=40, seed=0, exact=8) -> list[Token]:
+    """The Token events of a run; `exact`: verify batches this big are exact (FakeModel: any)."""
     drafters = [ModelDrafter(draft, p_min=0.0)] if draft is not None else []
     events = list(
         generate(
@@ -117,7 +118,7 @@ def loop_tokens(target, draft=None, *, params=GREEDY, logprobs=5, k=4, n=40, see
             PROMPT,
             drafters=drafters,
             planner=FixedK(k if drafters else 0),
-            settings=Settings(max_tokens=n, params=params, logprobs=logprobs),
+            settings=Settings(max_tokens=n, params=params, logprobs=logprobs, exact_rows=exact),
             rng=np.random.default_rng(seed),
         )
     )
@@ -147,6 +148,40 @@ def test_logprobs_are_the_same_with_and_without_drafting():
     assert [t.id for t in drafted] == [t.id for t in plain]
     assert [t.logprob for t in drafted] == [t.logprob for t in plain]
     assert any(t.source is Source.DRAFT for t in drafted)
+
+
+def test_greedy_logprobs_keep_verify_batches_exact_so_they_equal_plain_decoding():
+    """Batches beyond the exact size round differently (DriftModel, like llama.cpp's CPU GEMM), so
+    with logprobs asked for, greedy verification stays within it and the numbers are plain decoding's."""
+
+    def drafted_run(logprobs: int | None, params: SamplingParams = GREEDY) -> tuple[list[Token], DriftModel]:
+        target = DriftModel(0.01, 3, seed=1, n_vocab=12, sharpness=2.0)
+        draft = FakeModel(seed=1, n_vocab=12, table=target.table + 0.3)  # mostly right
+        events = generate(
+            target,
+            PROMPT,
+            drafters=[ModelDrafter(draft, p_min=0.0)],
+            planner=FixedK(4),
+            settings=Settings(max_tokens=30, params=params, exact_rows=3, logprobs=logprobs),
+            rng=np.random.default_rng(0),
+        )
+        return [e for e in events if isinstance(e, Token)], target
+
+    plain_target = DriftModel(0.01, 3, seed=1, n_vocab=12, sharpness=2.0)
+    plain = [
+        e
+        for e in generate(plain_target, PROMPT, settings=Settings(max_tokens=30, logprobs=5))
+        if isinstance(e, Token)
+    ]
+    tokens, target = drafted_run(5)
+    assert [t.id for t in tokens] == [t.id for t in plain]
+    assert [t.logprob for t in tokens] == [t.logprob for t in plain]  # bit for bit
+    assert any(t.source is Source.DRAFT for t in tokens)  # still speculating, 2 drafts a round
+    assert max(n for n, _ in target.decode_calls[1:]) == 3  # [last, d1, d2]: the exact size
+    _, uncapped = drafted_run(None)
+    assert max(n for n, _ in uncapped.decode_calls[1:]) == 5  # without logprobs: k = 4 as planned
+    _, sampled = drafted_run(5, SamplingParams(temperature=0.8))
+    assert max(n for n, _ in sampled.decode_calls[1:]) == 5  # sampling reports the rows it sampled from
 
 
 def test_sampled_tokens_have_a_finite_logprob_in_the_distribution_they_were_drawn_from():
