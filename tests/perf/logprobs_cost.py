@@ -151,9 +151,10 @@ def main() -> None:
             a, b = on["choices"][0]["logprobs"]["content"], off["choices"][0]["logprobs"]["content"]
             same = [x["token"] for x in a] == [x["token"] for x in b]
             diff = max(abs(x["logprob"] - y["logprob"]) for x, y in zip(a, b, strict=False))
+            spec = on["speculative"]
             print(
-                f"{name}: drafting on (accepted {on['speculative']['accepted']} of "
-                f"{on['speculative']['generated_tokens']}) vs off: tokens {'equal' if same else 'DIFFER'}, "
+                f"{name}: drafting on (accepted {spec['accepted']} of {spec['generated_tokens']}, k at most "
+                f"{max(spec['k_history'])}) vs off: tokens {'equal' if same else 'DIFFER'}, "
                 f"max |logprob difference| {diff:.2e}"
             )
     finally:
