@@ -46,14 +46,19 @@ T = TypeVar("T")
 
 
 def serve_here(
-    backend: object, drive: Callable[[str], T], *, k: int | None = None, timeout: float = 900
+    backend: object,
+    drive: Callable[[str], T],
+    *,
+    k: int | None = None,
+    model: str = "tiny",
+    timeout: float = 900,
 ) -> T:
     """`drive(url)` in a helper thread while this thread generates, as `specchat serve` runs: every
     llama.cpp call on the thread that loaded the models (server/worker.py: a second generating thread
     costs a CPU ~12 ms a token), so the figures a test sees are the real ones. Returns drive's value."""
     worker = Worker(backend, k=k)  # type: ignore[arg-type]
     http = ServerThread(
-        create_app(worker, model="tiny", defaults=Defaults(max_tokens=32)), bind("127.0.0.1", 0)
+        create_app(worker, model=model, defaults=Defaults(max_tokens=32)), bind("127.0.0.1", 0)
     )
     http.start()
     done: list[T] = []
