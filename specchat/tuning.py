@@ -295,15 +295,26 @@ class AutoPlanner:
         """Whether this drafter could beat plain decoding even if every draft were accepted
         (`v`: the verify curve up to k_max, when the caller has it already)."""
         v = self._verify_curve(self.k_max) if v is None else v
+        return self._always_right_k(drafter, v) > 0
+
+    def _always_right_k(self, drafter: int, v: list[float], overhead: float = 0.0) -> int:
+        """The best k for this drafter on the curve `v` (V(1)..V(len(v))) if every draft were
+        accepted: the depth past which even a perfect draft stops paying (0: it never pays)."""
         k, _ = best_k(
-            [1.0] * self.k_max,
+            [1.0] * (len(v) - 1),
             v,
             self.costs.draft[drafter],
             tie=self.tie_rate,
             exact_n=self.costs.exact_n,
+            overhead=overhead,
             drift_cost=self.drift_cost,
         )
-        return k > 0
+        return k
+
+    def _catch_up_cost(self, drafter: int, lags: Sequence[int]) -> float:
+        """Seconds drafter i spends catching up on the context before it can draft this round."""
+        lag = lags[drafter] if drafter < len(lags) else 0
+        return lag * (self.costs.catch_up[drafter] if drafter < len(self.costs.catch_up) else 0.0)
 
     def may_use(self, drafter: int) -> bool:
         return self.can_pay(drafter)
@@ -334,15 +345,13 @@ class AutoPlanner:
             if route is None or not self.can_pay(i, full):
                 continue
             rates = self.acceptance(i, route).rates(k_cap, self.rng if self.explore else None)
-            lag = lags[i] if i < len(lags) else 0
-            catch = self.costs.catch_up[i] if i < len(self.costs.catch_up) else 0.0
             k, speed = best_k(
                 rates,
                 v,
                 self.costs.draft[i],
                 tie=tie,
                 exact_n=self.costs.exact_n,
-                overhead=lag * catch,
+                overhead=self._catch_up_cost(i, lags),
                 drift_cost=self.drift_cost,
             )
             if k > 0 and speed > best_speed:
@@ -356,17 +365,7 @@ class AutoPlanner:
             # drafter, and the cap is the depth where even a draft always right would stop paying.
             # (Capped at the planned k, drafts stopped before depths they would have passed, which
             # were then never observed: 3.2 tokens a pass where a fixed -k 16 made 11.6, issue 18.)
-            lag = lags[which] if which < len(lags) else 0
-            catch = self.costs.catch_up[which] if which < len(self.costs.catch_up) else 0.0
-            perfect, _ = best_k(
-                [1.0] * k_cap,
-                v,
-                self.costs.draft[which],
-                tie=tie,
-                exact_n=self.costs.exact_n,
-                overhead=lag * catch,
-                drift_cost=self.drift_cost,
-            )
+            perfect = self._always_right_k(which, v, overhead=self._catch_up_cost(which, lags))
             self.last_choice = (which, max(k, perfect))
         return self.last_choice
 
