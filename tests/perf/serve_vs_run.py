@@ -17,14 +17,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
+from local_server import free_port, start_server  # this folder (run as a script)
 
 DEFAULT_PROMPT = "Write a Python class Stack with push, pop and peek."
 
@@ -38,12 +37,6 @@ def drafter_args(name: str, draft: str) -> list[str]:
     }[name]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def switches(pid: int) -> int:
     """Voluntary context switches of all of the process's threads so far (Linux /proc)."""
     total = 0
@@ -55,21 +48,6 @@ def switches(pid: int) -> int:
         except OSError:  # a thread that ended meanwhile
             continue
     return total
-
-
-def start_server(target: str, args: list[str], port: int) -> subprocess.Popen[str]:
-    cmd = [sys.executable, "-m", "specchat", "serve", target, *args, "--port", str(port)]
-    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            sys.exit(f"serve {' '.join(args)} exited: {proc.stderr.read() if proc.stderr else ''}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            time.sleep(0.5)
-    sys.exit("a server did not start within 10 minutes")
 
 
 def via_server(port: int, pid: int, prompt: str, n: int) -> tuple[float, float]:
