@@ -327,10 +327,11 @@ class _Pair:
     target: Model
     drafters: list[Drafter]
     strict: bool = False
+    backend: str = ""
 
 
 def planner_factory(
-    target: Model, drafters: Sequence[Drafter], *, strict: bool = False
+    target: Model, drafters: Sequence[Drafter], *, strict: bool = False, backend: str = ""
 ) -> Callable[[Config], Planner]:
     """Fresh planners per generation, built exactly as `specchat run` builds them.
 
@@ -345,7 +346,7 @@ def planner_factory(
             return FixedK(0)
         if cfg.k is not None:
             return FixedK(cfg.k)
-        pair = _Pair(target, [drafters[i] for i in cfg.drafters], strict or cfg.strict)
+        pair = _Pair(target, [drafters[i] for i in cfg.drafters], strict or cfg.strict, backend)
         return make_planner(pair, None)  # type: ignore[no-any-return]
 
     return make
@@ -919,6 +920,7 @@ def run_bench(
     exact_rows: int = 0,
     references: dict[str, Reference] | None = None,
     strict: bool = False,
+    backend: str = "",
 ) -> BenchResult:
     """Measure every configuration on every prompt, interleaved; audit; predict. Prints nothing.
 
@@ -933,7 +935,7 @@ def run_bench(
         raise ValueError("the configurations must include plain decoding: speedups are relative to it")
     if repeats < 1 or max_tokens < 1:
         raise ValueError("repeats and max_tokens must be >= 1")
-    make = planner_for or planner_factory(target, drafters, strict=strict)
+    make = planner_for or planner_factory(target, drafters, strict=strict, backend=backend)
     labels = drafter_labels([d.name for d in drafters])
     report = progress or (lambda _d, _t, _l: None)
     n_gen = len(prompts) * (len(configs) + len(references)) * repeats

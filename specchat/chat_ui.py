@@ -33,6 +33,7 @@ from .chat import (
 )
 from .cli_common import err_console, fail_line, load_models, out_console
 from .errors import SpecchatError
+from .events import sources_for
 
 if TYPE_CHECKING:
     from .cli_options import Options
@@ -116,7 +117,7 @@ class ChatUI:
         fancy = console.is_terminal and console.color_system is not None and not console.no_color
         self.prompt = "\001\x1b[1;36m\002you›\001\x1b[0m\002 " if fancy else "you> "
         self.more = "\001\x1b[2m\002...\001\x1b[0m\002 " if fancy else "... "
-        self.sources = render.sources_for([d.source for d in session.engine.drafters])
+        self.sources = sources_for([d.source for d in session.engine.drafters])
         self._advised = False  # the low-acceptance advice is given once per chat
 
     def run(self) -> None:

@@ -341,6 +341,7 @@ def _run_with_progress(
             exact_rows=loaded.exact_rows,
             references=references,
             strict=loaded.strict,
+            backend=loaded.backend,
         )
 
     if not err.is_terminal:

@@ -57,7 +57,7 @@ def fail_line(err: SpecchatError) -> str:
     markup is escaped and control characters (ESC sequences that would drive the terminal, newlines
     that would break the one line) are shown as visible escapes.
     """
-    from .render import terminal_safe
+    from .terminal import terminal_safe
 
     def safe(text: str) -> str:
         return escape(terminal_safe(text).replace("\n", "\\n"))

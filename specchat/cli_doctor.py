@@ -34,7 +34,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from specchat.cli_common import guarded
-from specchat.render import terminal_safe
+from specchat.terminal import terminal_safe
 
 #: Seconds the Hub probe may take: long enough for a real endpoint, short enough not to stall doctor.
 HUB_TIMEOUT = 2.0

@@ -117,6 +117,7 @@ def generate_one(
 
     from . import loader, render, tuning
     from .chat import answer_events
+    from .events import sources_for
     from .speculative import Tally
 
     err = err_console()
@@ -136,7 +137,7 @@ def generate_one(
                 err.print(f"[dim]{escape(line)}[/]", highlight=False, soft_wrap=True)
         rng = np.random.default_rng(opts.seed)
         tally = Tally()
-        sources = render.sources_for([d.source for d in loaded.drafters])
+        sources = sources_for([d.source for d in loaded.drafters])
         if not as_json and loaded.drafters:
             err.print(render.legend(sources))
         gen = answer_events(

@@ -52,6 +52,7 @@ class Loaded:
     tie_margin: float = 0.0  # greedy verification: see speculative.Settings
     exact_rows: int = 0  # ditto
     strict: bool = False  # ditto
+    backend: str = ""  # llama.cpp's system info: keys the calibration caches (see tuning.make_planner)
 
     def close(self) -> None:
         for m in self.draft_models:
@@ -178,7 +179,7 @@ def load(
             from .engine import backend_info
 
             note("measuring batched-vs-one-token rounding (once per model and machine)")
-            backend = str(backend_info().get("system_info", ""))
+            backend = out.backend = str(backend_info().get("system_info", ""))
             out.tie_margin = tie_margin(target, backend=backend)
             out.exact_rows = exact_rows(target, backend=backend)
     except BaseException:
@@ -308,7 +309,7 @@ def _render_untrusted(
     """
     from jinja2.exceptions import SecurityError
 
-    from .render import terminal_safe
+    from .terminal import terminal_safe
 
     name = target.path.name
     try:
