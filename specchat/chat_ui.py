@@ -21,7 +21,9 @@ from rich.table import Table
 from rich.text import Text
 
 from . import render
-from .chat import (
+from .cli_common import err_console, fail_line, load_models, out_console
+from .decoding.events import sources_for
+from .decoding.session import (
     COMMANDS,
     INPUT_HELP,
     STATS_HEADER,
@@ -31,9 +33,7 @@ from .chat import (
     stats_rows,
     totals_row,
 )
-from .cli_common import err_console, fail_line, load_models, out_console
 from .errors import SpecchatError
-from .events import sources_for
 
 if TYPE_CHECKING:
     from .cli_options import Options
@@ -179,8 +179,8 @@ class ChatUI:
 
     def _advise(self) -> None:
         """Once per chat: say so when the draft model's acceptance over the conversation stays low."""
-        from .events import Source
-        from .tuning import acceptance_advice
+        from .decoding.events import Source
+        from .decoding.planner import acceptance_advice
 
         total = self.session.totals()
         if self._advised or total is None:

@@ -365,9 +365,9 @@ def _run_with_progress(
 def _print_export(fmt: str, opts: Options, drafts: tuple[str, ...], *, err: Console) -> None:
     """The server command line on stdout (copy-pasteable), notes about it on stderr."""
     from .bench import llama_server_command
-    from .drafters import NgramDrafter
+    from .decoding.drafters import NgramDrafter
+    from .decoding.planner import K_MAX
     from .export import vllm_command
-    from .tuning import K_MAX
 
     target = _server_model(opts.target)
     models = [_server_model(d) for d in drafts if d != NGRAM]

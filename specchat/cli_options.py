@@ -21,8 +21,8 @@ from .cli_common import check_range
 from .errors import BadInput
 
 if TYPE_CHECKING:
+    from .decoding.sampling import SamplingParams
     from .loader import LoadConfig
-    from .sampling import SamplingParams
 
 NGRAM = "ngram"  # the model-free drafter's name on the command line (loader.NGRAM)
 
@@ -180,7 +180,7 @@ class Options:
 
     @property
     def params(self) -> SamplingParams:
-        from .sampling import SamplingParams
+        from .decoding.sampling import SamplingParams
 
         return SamplingParams(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)
 
@@ -188,7 +188,7 @@ class Options:
     def draft_p_min(self) -> float:
         """The draft confidence cut-off to load with: the user's, else the one for this temperature
         (none under -k auto, where the planner prices each further draft token)."""
-        from .drafters import default_p_min
+        from .decoding.drafters import default_p_min
 
         return self.p_min if self.p_min is not None else default_p_min(self.params, auto=self.k is None)
 

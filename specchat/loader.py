@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from . import hardware
-from .drafters import Drafter, ModelDrafter
+from .decoding.drafters import Drafter, ModelDrafter
 from .engine import GGML_TYPE_BF16, LlamaModel, LoadOptions, render_chat, supports_gpu_offload
 from .errors import BadInput, ContextFull, ModelFileError
 from .gguf_meta import read_gguf
@@ -21,7 +21,7 @@ from .pair import check_pair
 from .registry import ModelRef
 
 if TYPE_CHECKING:
-    from .speculative import Planner
+    from .decoding.loop import Planner
 
 NGRAM = "ngram"
 
@@ -97,7 +97,7 @@ class LoadedEngine:
 
     def planner(self, k: int | None, *, seed: int | None = None) -> Planner:
         """A planner for `-k k`; `seed` (default: this engine's) makes its choices repeatable."""
-        from .tuning import make_planner
+        from .decoding.planner import make_planner
 
         return make_planner(self.loaded, k, seed=seed if seed is not None else self.seed)
 
@@ -156,7 +156,7 @@ def load(
     try:
         for spec in cfg.drafts:
             if spec == NGRAM:
-                from .drafters import NgramDrafter
+                from .decoding.drafters import NgramDrafter
 
                 out.drafters.append(NgramDrafter())
                 continue
@@ -175,7 +175,7 @@ def load(
             out.warnings.extend(check_pair(target, dm))
             out.drafters.append(ModelDrafter(dm, p_min=cfg.p_min))
         if out.drafters:
-            from .calibration import exact_rows, tie_margin
+            from .decoding.calibration import exact_rows, tie_margin
             from .engine import backend_info
 
             note("measuring batched-vs-one-token rounding (once per model and machine)")

@@ -36,10 +36,10 @@ from specchat.bench import (
     run_bench,
 )
 from specchat.cli import app
-from specchat.drafters import ModelDrafter, NgramDrafter
+from specchat.decoding.drafters import ModelDrafter, NgramDrafter
+from specchat.decoding.loop import FixedK
+from specchat.decoding.planner import K_MAX
 from specchat.errors import BadInput
-from specchat.speculative import FixedK
-from specchat.tuning import K_MAX
 
 from .fakes import DriftModel, FakeModel, plain_greedy
 
@@ -80,7 +80,7 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
     """Make the loop, the drafters and calibration read the virtual clock."""
     c = Clock()
     fake_time = SimpleNamespace(perf_counter=c.perf_counter)
-    for mod in ("specchat.speculative", "specchat.drafters", "specchat.calibration"):
+    for mod in ("specchat.decoding.loop", "specchat.decoding.drafters", "specchat.decoding.calibration"):
         monkeypatch.setattr(f"{mod}.time", fake_time)
     return c
 

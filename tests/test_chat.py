@@ -16,12 +16,12 @@ import pytest
 from typer.testing import CliRunner
 
 from specchat import loader, render
-from specchat.chat import Action, ChatSession, InputAssembler, Turn
 from specchat.cli import app
-from specchat.drafters import ModelDrafter
+from specchat.decoding.drafters import ModelDrafter
+from specchat.decoding.loop import FixedK
+from specchat.decoding.session import Action, ChatSession, InputAssembler, Turn
 from specchat.errors import BadInput, ContextFull
 from specchat.render import export_svg
-from specchat.speculative import FixedK
 
 from .fakes import FakeModel
 

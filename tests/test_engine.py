@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from specchat.drafters import ModelDrafter
+from specchat.decoding.drafters import ModelDrafter
+from specchat.decoding.events import Done, Token
+from specchat.decoding.loop import FixedK, Settings, generate
 from specchat.engine import LlamaModel, LoadOptions
 from specchat.errors import ContextFull, IncompatiblePair
-from specchat.events import Done, Token
 from specchat.pair import check_pair
-from specchat.speculative import FixedK, Settings, generate
 
 OPTS = LoadOptions(n_ctx=256, threads=1)
 

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from specchat import loader
-from specchat.events import LABELS, STYLES, Source
+from specchat.decoding.events import LABELS, STYLES, Source
 from specchat.server.page import legend_sources, render_page
 
 from .cdp import Browser, find_chromium

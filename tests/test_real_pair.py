@@ -35,7 +35,7 @@ def test_greedy_speculation_passes_the_teacher_forced_audit_past_512_cells(real_
     K/V drift from one-token ones. With --strict every token is the one-token argmax (ties within
     0.05); without it a token may differ only where the one-token gap is within the tie margin."""
     from specchat.bench import teacher_force
-    from specchat.calibration import tie_margin
+    from specchat.decoding.calibration import tie_margin
     from specchat.engine import GGML_TYPE_BF16, LlamaModel, LoadOptions
 
     target, draft = (str(p) for p in real_pair)
@@ -60,8 +60,8 @@ def test_greedy_speculation_passes_the_teacher_forced_audit_past_512_cells(real_
 
 def test_twenty_turn_soak_trims_context_and_keeps_memory_flat(real_pair):
     from specchat import loader
-    from specchat.chat import ChatSession
-    from specchat.events import Token
+    from specchat.decoding.events import Token
+    from specchat.decoding.session import ChatSession
     from specchat.loader import LoadedEngine
 
     target, draft = (str(p) for p in real_pair)

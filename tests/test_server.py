@@ -24,12 +24,12 @@ import pytest
 from typer.testing import CliRunner
 
 from specchat.cli import app as cli_app
+from specchat.decoding.loop import FixedK
 from specchat.errors import ContextFull
 from specchat.server.api import ApiError, Defaults, parse_json, parse_request
 from specchat.server.app import ServerThread, bind, create_app, is_loopback
 from specchat.server.stops import StopFilter
 from specchat.server.worker import Worker
-from specchat.speculative import FixedK
 
 from .fakes import FakeModel
 from .serving import client, health, serving, wait_until

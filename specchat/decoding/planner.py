@@ -423,7 +423,7 @@ def make_planner(loaded: object, k: int | None, *, seed: int | None = None):  # 
     `loaded.backend` (the engine's system info, when it has one) keys the calibration cache.
     """
     from .drafters import ModelDrafter
-    from .speculative import FixedK
+    from .loop import FixedK
 
     drafters = getattr(loaded, "drafters", [])
     if k is not None or not drafters:
