@@ -40,7 +40,7 @@ from .cli_options import (
     default_drafts,
 )
 from .errors import BadInput
-from .llama_ref import find_program
+from .llama.reference import find_program
 
 if TYPE_CHECKING:
     from .bench import BenchPrompt, BenchResult, Config, PreparedPrompt, Reference, ServerModel
@@ -238,7 +238,7 @@ def _references(exe: Path, loaded: Loaded, max_tokens: int, opts: Options) -> di
     """llama.cpp's n-gram modes as bench references: each runs its program on the prompt's text as
     specchat decodes it (template applied, special tokens written out), with the same threads."""
     from .hardware import physical_cores
-    from .llama_ref import REFERENCE_MODES, run_reference
+    from .llama.reference import REFERENCE_MODES, run_reference
 
     target = loaded.target
     threads = opts.threads or physical_cores()
@@ -289,7 +289,7 @@ def _prepare(loaded: Loaded, suite: list[BenchPrompt], max_tokens: int, err: Con
 
 def _meta(loaded: Loaded, drafts: tuple[str, ...]) -> dict[str, object]:
     """Where and with what the numbers were measured, for the JSON document and the report header."""
-    from .engine import backend_info
+    from .llama.engine import backend_info
 
     target = loaded.target
     info = backend_info()

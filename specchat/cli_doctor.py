@@ -179,7 +179,7 @@ def parse_system_info(text: str) -> dict[str, dict[str, str]]:
 
 def llama_cpp_facts() -> dict[str, Any]:
     """The llama.cpp build: can it offload to a GPU (which), which SIMD paths the CPU backend has."""
-    from specchat import engine
+    from specchat.llama import engine
 
     info = engine.backend_info()
     system_info = str(info.get("system_info", ""))
@@ -219,7 +219,7 @@ def llama_cpp_facts() -> dict[str, Any]:
 def build_check_facts() -> dict[str, Any]:
     """The stored verdict of `make install`'s llama.cpp self-check for the installed build (never runs
     the probe: that takes seconds and, on a bad build, a crashing child process)."""
-    from specchat import buildcheck
+    from specchat.llama import buildcheck
 
     ident = buildcheck.build_identity()
     result = buildcheck.stored_result(ident)
@@ -227,7 +227,7 @@ def build_check_facts() -> dict[str, Any]:
     if result is None:
         out.update(
             status="not checked",
-            detail="this build was not checked yet: run `python -m specchat.buildcheck check` "
+            detail="this build was not checked yet: run `python -m specchat.llama.buildcheck check` "
             "(`make install` does)",
             checked_at=None,
             buffers=[],

@@ -184,8 +184,8 @@ def _confirm_vocab(target_path: Path | None, rows: list[dict[str, Any]]) -> None
     """Where the target and a draft are both downloaded, confirm the registry's family claim with the
     real tokenizer check (vocab-only loads, about a second): rows get `vocab` = "same", "warning: ..."
     or "different: ...", or None when a file is missing."""
-    from .engine import LlamaVocab
     from .errors import SpecchatError
+    from .llama.engine import LlamaVocab
     from .pair import check_pair
 
     for row in rows:

@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING
 
 from . import hardware
 from .decoding.drafters import Drafter, ModelDrafter
-from .engine import GGML_TYPE_BF16, LlamaModel, LoadOptions, render_chat, supports_gpu_offload
 from .errors import BadInput, ContextFull, ModelFileError
 from .gguf_meta import read_gguf
+from .llama.engine import GGML_TYPE_BF16, LlamaModel, LoadOptions, render_chat, supports_gpu_offload
 from .pair import check_pair
 from .registry import ModelRef
 
@@ -119,7 +119,7 @@ def load(
     A llama.cpp build recorded as failing its self-check (see buildcheck) is refused first: it would
     crash or compute garbage on the first quantised matmul, after a possibly long download.
     """
-    from .buildcheck import refuse_known_bad
+    from .llama.buildcheck import refuse_known_bad
 
     refuse_known_bad()
     model_specs = [d for d in cfg.drafts if d != NGRAM]
@@ -176,7 +176,7 @@ def load(
             out.drafters.append(ModelDrafter(dm, p_min=cfg.p_min))
         if out.drafters:
             from .decoding.calibration import exact_rows, tie_margin
-            from .engine import backend_info
+            from .llama.engine import backend_info
 
             note("measuring batched-vs-one-token rounding (once per model and machine)")
             backend = out.backend = str(backend_info().get("system_info", ""))
@@ -247,7 +247,7 @@ def fit_before_download(
 
 def _offload_and_memory(gpu_layers: int | None) -> tuple[bool, hardware.MachineMemory]:
     """Whether layers go to a GPU, and this machine's RAM and (from llama.cpp) GPU memory."""
-    from .engine import device_memory
+    from .llama.engine import device_memory
 
     return supports_gpu_offload() and gpu_layers != 0, hardware.machine_memory(device_memory())
 

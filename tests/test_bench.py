@@ -265,7 +265,7 @@ def test_first_difference():
 
 
 def test_audit_on_tiny_gguf_passes_speculative_output_and_catches_corruption(tiny_pair):
-    from specchat.engine import LlamaModel, LoadOptions
+    from specchat.llama.engine import LlamaModel, LoadOptions
 
     opts = LoadOptions(n_ctx=256, threads=1)
     with LlamaModel(tiny_pair[0], opts) as target, LlamaModel(tiny_pair[1], opts) as dm:

@@ -154,7 +154,7 @@ def test_a_broken_section_is_reported_not_fatal(monkeypatch, tmp_path):
 def test_parse_system_info_formats(monkeypatch, info, backends, simd):
     parsed = cli_doctor.parse_system_info(info)
     assert list(parsed) == backends
-    from specchat import engine
+    from specchat.llama import engine
 
     gpu = backends[0] != "CPU"
     monkeypatch.setattr(

@@ -8,8 +8,8 @@ import pytest
 from specchat.decoding.drafters import ModelDrafter
 from specchat.decoding.events import Done, Token
 from specchat.decoding.loop import FixedK, Settings, generate
-from specchat.engine import LlamaModel, LoadOptions
 from specchat.errors import ContextFull, IncompatiblePair
+from specchat.llama.engine import LlamaModel, LoadOptions
 from specchat.pair import check_pair
 
 OPTS = LoadOptions(n_ctx=256, threads=1)
@@ -126,7 +126,7 @@ def test_the_target_loads_the_same_with_and_without_drafters(tiny_pair):
     """One target, one output: `--no-draft` and speculative runs (auto or `-k N`: LoadConfig has no
     say in it) load the target with the same settings (V in bf16 on the CPU, repacked weights on)."""
     from specchat import loader
-    from specchat.engine import GGML_TYPE_BF16
+    from specchat.llama.engine import GGML_TYPE_BF16
 
     settings = []
     for drafts in [("ngram",), ()]:

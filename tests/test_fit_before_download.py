@@ -17,9 +17,9 @@ from typer.testing import CliRunner
 
 from specchat import hardware
 from specchat.cli import app
-from specchat.engine import DeviceMemory, device_memory
 from specchat.errors import NotEnoughMemory
 from specchat.hardware import GIB, MIB, Footprint, estimate_from_size, fit_check, machine_memory
+from specchat.llama.engine import DeviceMemory, device_memory
 
 from .standin_hub import StandinHub, isolate, model_fields, tiny_gguf, write_registry
 

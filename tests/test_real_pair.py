@@ -36,7 +36,7 @@ def test_greedy_speculation_passes_the_teacher_forced_audit_past_512_cells(real_
     0.05); without it a token may differ only where the one-token gap is within the tie margin."""
     from specchat.bench import teacher_force
     from specchat.decoding.calibration import tie_margin
-    from specchat.engine import GGML_TYPE_BF16, LlamaModel, LoadOptions
+    from specchat.llama.engine import GGML_TYPE_BF16, LlamaModel, LoadOptions
 
     target, draft = (str(p) for p in real_pair)
     draft_args = ["--draft", draft, *drafting] if drafting[0] == "-k" else drafting

@@ -29,8 +29,8 @@ from typer.testing import CliRunner
 from specchat import loader, render
 from specchat.cli import app
 from specchat.decoding.events import Source, Token
-from specchat.engine import LlamaModel, LoadOptions
 from specchat.errors import ModelFileError, SpecchatError
+from specchat.llama.engine import LlamaModel, LoadOptions
 from specchat.registry import load_registry, resolve
 
 from .tiny_models import write_tiny_llama, write_truncated

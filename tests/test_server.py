@@ -547,7 +547,7 @@ def test_serve_makes_every_llama_cpp_call_on_the_thread_that_loaded_the_models(t
     second thread generating made llama.cpp's OpenMP keep two thread teams, and with more OpenMP
     threads than cores every barrier sleeps in the kernel (0.67x of --no-draft serving). So serve
     generates on the thread that loaded: every decode, calibration's and the answer's, on one."""
-    from specchat.engine import LlamaModel
+    from specchat.llama.engine import LlamaModel
 
     seen: list[tuple[int, str]] = []
     phase = ["load"]

@@ -37,7 +37,7 @@ def measure(target: Path, mode: str) -> dict[str, object]:
     """Run in the child process: load, probe, time."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     from specchat.decoding.calibration import batch_noise, exact_batch, time_verify
-    from specchat.engine import GGML_TYPE_BF16, LlamaModel, LoadOptions
+    from specchat.llama.engine import GGML_TYPE_BF16, LlamaModel, LoadOptions
 
     with LlamaModel(target, LoadOptions(n_ctx=4096, type_v=GGML_TYPE_BF16, repack=mode == "repack")) as m:
         probe = [(i * 7919) % max(1, m.n_vocab - 16) + 8 for i in range(512)]

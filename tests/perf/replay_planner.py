@@ -146,7 +146,7 @@ def main() -> None:
     ap.add_argument("--oracle", action="store_true", help="also print the hindsight bound per prompt")
     args = ap.parse_args()
     sys.path.insert(0, str(HERE))
-    from specchat.engine import GGML_TYPE_BF16, LlamaModel, LoadOptions, backend_info
+    from specchat.llama.engine import GGML_TYPE_BF16, LlamaModel, LoadOptions, backend_info
 
     recorded = json.loads(args.results.read_text())["results"]
     prompts = {p["name"]: p for p in map(json.loads, args.prompts.read_text().splitlines()) if p}

@@ -19,7 +19,7 @@ from pathlib import Path
 import llama_cpp
 import numpy as np
 
-from .errors import ContextFull, EngineError, ModelFileError
+from ..errors import ContextFull, EngineError, ModelFileError
 
 
 @dataclass(frozen=True, slots=True)
