@@ -45,7 +45,7 @@ HISTORY_LINES = 1000
 
 def start_chat(opts: Options, *, no_color: bool = False) -> None:
     """Load the models for `opts` and chat on stdin/stdout until Ctrl-D or /exit."""
-    from .loader import LoadedEngine
+    from .models.loader import LoadedEngine
 
     err = err_console()
     drafts = opts.drafts_to_load(announce=lambda line: err.print(f"[dim]{escape(line)}[/]", soft_wrap=True))
@@ -85,7 +85,7 @@ def line_reader(stdin: object) -> Iterator[LineReader]:
         except ImportError:  # Windows without pyreadline: input() still works, just plainer
             readline = None
     if readline is not None:
-        from .hub import cache_dirs
+        from .models.hub import cache_dirs
 
         history = cache_dirs()["specchat_home"] / "chat_history"
         with suppress(OSError):  # first run, or an unreadable file: start with an empty history

@@ -44,7 +44,7 @@ from .llama.reference import find_program
 
 if TYPE_CHECKING:
     from .bench import BenchPrompt, BenchResult, Config, PreparedPrompt, Reference, ServerModel
-    from .loader import Loaded
+    from .models.loader import Loaded
 
 EXPORT_FORMATS = ("llama-server", "vllm")
 BAR_WIDTH = 36
@@ -237,8 +237,8 @@ def _save(path: str, doc: str) -> None:
 def _references(exe: Path, loaded: Loaded, max_tokens: int, opts: Options) -> dict[str, Reference]:
     """llama.cpp's n-gram modes as bench references: each runs its program on the prompt's text as
     specchat decodes it (template applied, special tokens written out), with the same threads."""
-    from .hardware import physical_cores
     from .llama.reference import REFERENCE_MODES, run_reference
+    from .models.hardware import physical_cores
 
     target = loaded.target
     threads = opts.threads or physical_cores()
@@ -265,7 +265,7 @@ def bench_drafts(target: str) -> tuple[str, ...]:
 def _prepare(loaded: Loaded, suite: list[BenchPrompt], max_tokens: int, err: Console) -> list[PreparedPrompt]:
     """Each prompt through the target's chat template, checked to fit with its answer in the context."""
     from .bench import PreparedPrompt
-    from .loader import chat_prompt
+    from .models.loader import chat_prompt
 
     target = loaded.target
     out = []
@@ -403,9 +403,9 @@ def _print_export(fmt: str, opts: Options, drafts: tuple[str, ...], *, err: Cons
 def _server_model(spec: str) -> ServerModel:
     """A model reference as llama-server should see it: the local file when there is one (never
     downloading anything), else the Hub repository llama-server can fetch itself."""
-    from . import hub
     from .bench import ServerModel
-    from .registry import load_registry, resolve
+    from .models import hub
+    from .models.registry import load_registry, resolve
 
     ref = resolve(spec, load_registry())
     if ref.path is not None:

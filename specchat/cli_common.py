@@ -21,7 +21,7 @@ from rich.markup import escape
 from .errors import BadInput, SpecchatError
 
 if TYPE_CHECKING:
-    from .loader import LoadConfig, Loaded
+    from .models.loader import LoadConfig, Loaded
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -117,7 +117,7 @@ def check_range(
 def load_models(cfg: LoadConfig, err: Console, *, quiet: bool = False) -> Loaded:
     """`loader.load` with a spinner on stderr showing its progress notes (none when `quiet`, as for
     --json, whose stderr stays free of anything but warnings and errors)."""
-    from . import loader
+    from .models import loader
 
     if quiet:
         return loader.load(cfg, console=err)

@@ -146,7 +146,7 @@ def _specchat_facts() -> dict[str, Any]:
 
 
 def _system_facts() -> dict[str, Any]:
-    from specchat.hardware import system_facts
+    from specchat.models.hardware import system_facts
 
     return system_facts()
 
@@ -278,7 +278,7 @@ def dir_usage(path: Path, *, limit: int = WALK_LIMIT) -> dict[str, Any]:
 
 def cache_facts() -> dict[str, Any]:
     """Each cache location specchat uses (see hub.cache_dirs), whether it exists and what it holds."""
-    from specchat import hub
+    from specchat.models import hub
 
     out: dict[str, Any] = {}
     for key, path in hub.cache_dirs().items():
@@ -291,7 +291,7 @@ def cache_facts() -> dict[str, Any]:
 
 def _cached_gguf_files() -> list[Path]:
     """GGUF files in the HF hub cache (snapshot links) and in specchat's mirror cache."""
-    from specchat import hub
+    from specchat.models import hub
 
     dirs = hub.cache_dirs()
     found: list[Path] = []
@@ -311,9 +311,9 @@ def cached_models() -> dict[str, Any]:
     Each file's header is read (not its weights) for its name, architecture and quantisation, and to
     flag a truncated download. A broken models.toml is reported, not fatal.
     """
-    from specchat import hub
     from specchat.errors import SpecchatError
-    from specchat.registry import load_registry, resolve
+    from specchat.models import hub
+    from specchat.models.registry import load_registry, resolve
 
     alias_of: dict[str, str] = {}
     registry_path: str | None = None
@@ -342,7 +342,7 @@ def cached_models() -> dict[str, Any]:
 
 def _model_row(path: Path, alias: str | None) -> dict[str, Any]:
     from specchat.errors import SpecchatError
-    from specchat.gguf_meta import read_gguf
+    from specchat.models.gguf import read_gguf
 
     row: dict[str, Any] = {
         "alias": alias,
@@ -375,7 +375,7 @@ def _model_row(path: Path, alias: str | None) -> dict[str, Any]:
 
 def hub_facts(*, probe: bool = True, timeout: float = HUB_TIMEOUT) -> dict[str, Any]:
     """The Hub endpoint and whether it answers; offline settings are respected (no probe at all)."""
-    from specchat import hub
+    from specchat.models import hub
 
     out: dict[str, Any] = {
         "endpoint": hub.hf_endpoint(),
@@ -417,7 +417,7 @@ def _cell(value: object) -> str:
 
 
 def _size(n: int | None) -> str:
-    from specchat.hub import human_size
+    from specchat.models.hub import human_size
 
     return "?" if n is None else human_size(n)
 

@@ -22,7 +22,7 @@ from .errors import BadInput
 
 if TYPE_CHECKING:
     from .decoding.sampling import SamplingParams
-    from .loader import LoadConfig
+    from .models.loader import LoadConfig
 
 NGRAM = "ngram"  # the model-free drafter's name on the command line (loader.NGRAM)
 
@@ -128,7 +128,7 @@ def default_drafts(target: str) -> tuple[str, ...]:
     registry gets n-gram lookup alone. The one place that decides it, for every command. hf: and
     ORG/REPO:QUANT targets that are in the registry count too, since `resolve` finds their alias.
     """
-    from .registry import load_registry, resolve
+    from .models.registry import load_registry, resolve
 
     reg = load_registry()
     ref = resolve(target, reg)
@@ -210,7 +210,7 @@ class Options:
 
     def load_config(self, drafts: tuple[str, ...]) -> LoadConfig:
         """What `loader.load` needs for these options and the chosen drafts."""
-        from .loader import LoadConfig
+        from .models.loader import LoadConfig
 
         return LoadConfig(
             target=self.target,

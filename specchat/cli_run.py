@@ -115,11 +115,12 @@ def generate_one(
     """Load, generate one answer to `prompt`, show it (or print it as JSON), and free the models."""
     import numpy as np
 
-    from . import loader, render
+    from . import render
     from .decoding.events import sources_for
     from .decoding.loop import Tally
     from .decoding.planner import acceptance_advice, calibration_report, make_planner
     from .decoding.session import answer_events
+    from .models import loader
 
     err = err_console()
     announce = None if as_json else (lambda line: err.print(f"[dim]{escape(line)}[/]", soft_wrap=True))

@@ -45,7 +45,7 @@ from .cli_options import (
 from .errors import BadInput
 
 if TYPE_CHECKING:
-    from .loader import Loaded
+    from .models.loader import Loaded
     from .server.app import ServerThread
     from .server.worker import Worker
 
@@ -165,7 +165,7 @@ def _serve_loaded(
     err: Console,
 ) -> None:
     """Serve until a signal; the models stay open until both threads have stopped using them."""
-    from .loader import LoadedEngine
+    from .models.loader import LoadedEngine
     from .server.api import Defaults
     from .server.app import ServerThread, create_app
     from .server.worker import Worker

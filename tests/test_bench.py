@@ -484,12 +484,12 @@ def test_cli_built_in_suite_runs(tiny_target):
 
 
 def test_cli_export_prints_llama_server_command_without_loading(tiny_pair, monkeypatch):
-    import specchat.loader
+    import specchat.models.loader
 
     def no_load(*a, **k):
         raise AssertionError("--export must not load models")
 
-    monkeypatch.setattr(specchat.loader, "load", no_load)
+    monkeypatch.setattr(specchat.models.loader, "load", no_load)
     target, draft = (str(p) for p in tiny_pair)
     res = invoke(
         target, "--draft", draft, "--draft", "ngram", "--export", "llama-server",
@@ -506,7 +506,7 @@ def test_cli_export_prints_llama_server_command_without_loading(tiny_pair, monke
 
 
 def test_cli_export_of_uncached_alias_uses_hub_options():
-    from specchat.registry import load_registry
+    from specchat.models.registry import load_registry
 
     reg = load_registry()
     alias = next(a for a in reg.models if reg.recommended_draft(a))

@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from specchat import cli_doctor, hub
+from specchat import cli_doctor
 from specchat.cli import app
+from specchat.models import hub
 
 from .tiny_models import write_tiny_llama
 
@@ -125,12 +126,12 @@ def test_hostile_metadata_is_shown_escaped(tmp_path):
 
 
 def test_a_broken_section_is_reported_not_fatal(monkeypatch, tmp_path):
-    import specchat.hardware
+    import specchat.models.hardware
 
     def boom() -> dict:
         raise RuntimeError("psutil exploded")
 
-    monkeypatch.setattr(specchat.hardware, "system_facts", boom)
+    monkeypatch.setattr(specchat.models.hardware, "system_facts", boom)
     monkeypatch.setenv("SPECCHAT_MODELS", str(tmp_path / "nope.toml"))
     doc = doctor_json("--offline")
     assert doc["system"] == {"error": "RuntimeError: psutil exploded"}

@@ -59,10 +59,10 @@ def test_greedy_speculation_passes_the_teacher_forced_audit_past_512_cells(real_
 
 
 def test_twenty_turn_soak_trims_context_and_keeps_memory_flat(real_pair):
-    from specchat import loader
     from specchat.decoding.events import Token
     from specchat.decoding.session import ChatSession
-    from specchat.loader import LoadedEngine
+    from specchat.models import loader
+    from specchat.models.loader import LoadedEngine
 
     target, draft = (str(p) for p in real_pair)
     loaded = loader.load(loader.LoadConfig(target=target, drafts=(draft,), ctx_size=1024))
@@ -107,7 +107,7 @@ def test_serve_answers_the_openai_client_and_a_resent_conversation_reuses_the_ca
     import httpx
     import openai
 
-    from specchat import loader
+    from specchat.models import loader
     from specchat.server.api import Defaults
     from specchat.server.app import ServerThread, bind, create_app
     from specchat.server.worker import Worker

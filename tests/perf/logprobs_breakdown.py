@@ -28,8 +28,8 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from specchat import loader
 from specchat.decoding import loop
+from specchat.models import loader
 from specchat.server import worker as worker_module
 from tests.serving import serve_here
 
