@@ -15,14 +15,13 @@ from collections.abc import Sequence
 import pytest
 from typer.testing import CliRunner
 
-from specchat import render
-from specchat.cli import app
+from specchat.cli import app, render
+from specchat.cli.render import export_svg
 from specchat.decoding.drafters import ModelDrafter
 from specchat.decoding.loop import FixedK
 from specchat.decoding.session import Action, ChatSession, InputAssembler, Turn
 from specchat.errors import BadInput, ContextFull
 from specchat.models import loader
-from specchat.render import export_svg
 
 from .fakes import FakeModel
 

@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 from typer.testing import CliRunner
 
-from specchat.cli_models import human_size, register
+from specchat.cli.models import human_size, register
 from specchat.errors import DownloadError, ModelNotFound, OfflineError
 from specchat.models import hub
 from specchat.models.registry import load_registry, resolve

@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 from typer.testing import CliRunner
 
-from specchat.cli_models import register
+from specchat.cli.models import register
 from specchat.errors import BadInput, DownloadError
 from specchat.models import hub
 from specchat.models.registry import load_registry, resolve

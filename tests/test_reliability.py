@@ -26,8 +26,7 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from specchat import render
-from specchat.cli import app
+from specchat.cli import app, render
 from specchat.decoding.events import Source, Token
 from specchat.errors import ModelFileError, SpecchatError
 from specchat.llama.engine import LlamaModel, LoadOptions

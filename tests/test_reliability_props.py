@@ -17,7 +17,7 @@ from pathlib import Path
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
-from specchat.cli_common import fail_line
+from specchat.cli.common import fail_line
 from specchat.decoding.loop import Detokenizer
 from specchat.errors import SpecchatError
 from specchat.models.registry import Registry, RegistryError, parse_registry, registry_path, resolve

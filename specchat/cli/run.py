@@ -10,8 +10,9 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from .cli_common import EXIT_INTERRUPTED, err_console, guarded, load_models, out_console
-from .cli_options import (
+from ..errors import BadInput
+from .common import EXIT_INTERRUPTED, err_console, guarded, load_models, out_console
+from .options import (
     CtxOpt,
     DraftGpuOpt,
     DraftOpt,
@@ -35,7 +36,6 @@ from .cli_options import (
     VerboseOpt,
     parse_k,
 )
-from .errors import BadInput
 
 
 def register(app: typer.Typer) -> None:
@@ -115,12 +115,12 @@ def generate_one(
     """Load, generate one answer to `prompt`, show it (or print it as JSON), and free the models."""
     import numpy as np
 
+    from ..decoding.events import sources_for
+    from ..decoding.loop import Tally
+    from ..decoding.planner import acceptance_advice, calibration_report, make_planner
+    from ..decoding.session import answer_events
+    from ..models import loader
     from . import render
-    from .decoding.events import sources_for
-    from .decoding.loop import Tally
-    from .decoding.planner import acceptance_advice, calibration_report, make_planner
-    from .decoding.session import answer_events
-    from .models import loader
 
     err = err_console()
     announce = None if as_json else (lambda line: err.print(f"[dim]{escape(line)}[/]", soft_wrap=True))
@@ -160,7 +160,7 @@ def generate_one(
             err.print(f"[yellow]note:[/] {escape(note)}", highlight=False, soft_wrap=True)
         stats = shown.stats
         if save_svg is not None:
-            from .decoding.session import Turn
+            from ..decoding.session import Turn
 
             render.export_svg(save_svg, [Turn.from_shown(prompt, shown)], sources=sources, system=system)
             err.print(f"[dim]saved {escape(str(save_svg))}[/]")

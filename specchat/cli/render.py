@@ -13,12 +13,12 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.text import Text
 
-from .decoding.events import LABELS, STYLES, Done, Event, Notice, Round, Source, Stats, Token
-from .errors import BadInput
-from .terminal import terminal_safe
+from ..decoding.events import LABELS, STYLES, Done, Event, Notice, Round, Source, Stats, Token
+from ..errors import BadInput
+from ..terminal import terminal_safe
 
 if TYPE_CHECKING:
-    from .decoding.session import Turn
+    from ..decoding.session import Turn
 
 
 def legend(sources: tuple[Source, ...] = (Source.DRAFT, Source.CORRECTION, Source.BONUS)) -> Text:

@@ -18,7 +18,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from specchat.cli_common import guarded
+from specchat.cli.common import guarded
 from specchat.errors import BadInput
 from specchat.models import hub
 from specchat.models.hub import human_size  # defined there; tests import it from here too
@@ -184,9 +184,9 @@ def _confirm_vocab(target_path: Path | None, rows: list[dict[str, Any]]) -> None
     """Where the target and a draft are both downloaded, confirm the registry's family claim with the
     real tokenizer check (vocab-only loads, about a second): rows get `vocab` = "same", "warning: ..."
     or "different: ...", or None when a file is missing."""
-    from .errors import SpecchatError
-    from .llama.engine import LlamaVocab
-    from .models.pair import check_pair
+    from ..errors import SpecchatError
+    from ..llama.engine import LlamaVocab
+    from ..models.pair import check_pair
 
     for row in rows:
         row["vocab"] = None

@@ -33,7 +33,7 @@ from rich.console import Console, Group
 from rich.markup import escape
 from rich.table import Table
 
-from specchat.cli_common import guarded
+from specchat.cli.common import guarded
 from specchat.terminal import terminal_safe
 
 #: Seconds the Hub probe may take: long enough for a real endpoint, short enough not to stall doctor.
@@ -141,7 +141,7 @@ def _specchat_facts() -> dict[str, Any]:
         "python": platform.python_version(),
         "python_implementation": platform.python_implementation(),
         "executable": sys.executable,
-        "package_dir": str(Path(__file__).resolve().parent),
+        "package_dir": str(Path(__file__).resolve().parents[1]),
     }
 
 
