@@ -16,9 +16,9 @@ $(BIN)/specchat: pyproject.toml
 	$(BIN)/pip install -e '.[dev]'
 	@touch $@
 
-# The llama.cpp build self-check (specchat/buildcheck.py), once per venv and again until it passes.
+# The llama.cpp build self-check (specchat/llama/buildcheck.py), once per venv and again until it passes.
 $(VENV)/.buildcheck: $(BIN)/specchat
-	$(BIN)/python -m specchat.buildcheck install
+	$(BIN)/python -m specchat.llama.buildcheck install
 	@touch $@
 
 install: $(VENV)/.buildcheck

@@ -34,13 +34,13 @@ from typing import Any
 
 import numpy as np
 
-from .drafters import Drafter
+from .decoding.drafters import Drafter
+from .decoding.events import Done, Stats, Token
+from .decoding.loop import FixedK, Planner, Settings, generate
+from .decoding.model import Model
+from .decoding.planner import best_k, expected_tokens
+from .decoding.sampling import SamplingParams
 from .errors import BadInput
-from .events import Done, Stats, Token
-from .model import Model
-from .sampling import SamplingParams
-from .speculative import FixedK, Planner, Settings, generate
-from .tuning import best_k, expected_tokens
 
 SCHEMA = "specchat.bench/1"
 TIE_TOLERANCE = 0.05  # logits; see the module docstring
@@ -327,10 +327,11 @@ class _Pair:
     target: Model
     drafters: list[Drafter]
     strict: bool = False
+    backend: str = ""
 
 
 def planner_factory(
-    target: Model, drafters: Sequence[Drafter], *, strict: bool = False
+    target: Model, drafters: Sequence[Drafter], *, strict: bool = False, backend: str = ""
 ) -> Callable[[Config], Planner]:
     """Fresh planners per generation, built exactly as `specchat run` builds them.
 
@@ -338,14 +339,14 @@ def planner_factory(
     call), so the benchmark measures what users get; a fresh one per generation keeps what it learns
     about one prompt from leaking into the next measurement.
     """
-    from .tuning import make_planner
+    from .decoding.planner import make_planner
 
     def make(cfg: Config) -> Planner:
         if cfg.plain:
             return FixedK(0)
         if cfg.k is not None:
             return FixedK(cfg.k)
-        pair = _Pair(target, [drafters[i] for i in cfg.drafters], strict or cfg.strict)
+        pair = _Pair(target, [drafters[i] for i in cfg.drafters], strict or cfg.strict, backend)
         return make_planner(pair, None)  # type: ignore[no-any-return]
 
     return make
@@ -919,6 +920,7 @@ def run_bench(
     exact_rows: int = 0,
     references: dict[str, Reference] | None = None,
     strict: bool = False,
+    backend: str = "",
 ) -> BenchResult:
     """Measure every configuration on every prompt, interleaved; audit; predict. Prints nothing.
 
@@ -933,7 +935,7 @@ def run_bench(
         raise ValueError("the configurations must include plain decoding: speedups are relative to it")
     if repeats < 1 or max_tokens < 1:
         raise ValueError("repeats and max_tokens must be >= 1")
-    make = planner_for or planner_factory(target, drafters, strict=strict)
+    make = planner_for or planner_factory(target, drafters, strict=strict, backend=backend)
     labels = drafter_labels([d.name for d in drafters])
     report = progress or (lambda _d, _t, _l: None)
     n_gen = len(prompts) * (len(configs) + len(references)) * repeats

@@ -1,4 +1,4 @@
-"""FakeModel: a deterministic numpy 'language model' implementing specchat.model.Model.
+"""FakeModel: a deterministic numpy 'language model' implementing specchat.decoding.model.Model.
 
 Its logits depend only on the last `order` tokens (seeded hash -> random table row), so the loop's
 behaviour can be pinned down exactly and compared with plain greedy decoding, without llama.cpp.

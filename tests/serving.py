@@ -18,7 +18,7 @@ import httpx
 import openai
 import pytest
 
-from specchat import loader
+from specchat.models import loader
 from specchat.server.api import Defaults
 from specchat.server.app import ServerThread, bind, create_app
 from specchat.server.worker import Worker

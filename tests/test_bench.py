@@ -36,10 +36,10 @@ from specchat.bench import (
     run_bench,
 )
 from specchat.cli import app
-from specchat.drafters import ModelDrafter, NgramDrafter
+from specchat.decoding.drafters import ModelDrafter, NgramDrafter
+from specchat.decoding.loop import FixedK
+from specchat.decoding.planner import K_MAX
 from specchat.errors import BadInput
-from specchat.speculative import FixedK
-from specchat.tuning import K_MAX
 
 from .fakes import DriftModel, FakeModel, plain_greedy
 
@@ -80,7 +80,7 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
     """Make the loop, the drafters and calibration read the virtual clock."""
     c = Clock()
     fake_time = SimpleNamespace(perf_counter=c.perf_counter)
-    for mod in ("specchat.speculative", "specchat.drafters", "specchat.calibration"):
+    for mod in ("specchat.decoding.loop", "specchat.decoding.drafters", "specchat.decoding.calibration"):
         monkeypatch.setattr(f"{mod}.time", fake_time)
     return c
 
@@ -265,7 +265,7 @@ def test_first_difference():
 
 
 def test_audit_on_tiny_gguf_passes_speculative_output_and_catches_corruption(tiny_pair):
-    from specchat.engine import LlamaModel, LoadOptions
+    from specchat.llama.engine import LlamaModel, LoadOptions
 
     opts = LoadOptions(n_ctx=256, threads=1)
     with LlamaModel(tiny_pair[0], opts) as target, LlamaModel(tiny_pair[1], opts) as dm:
@@ -484,12 +484,12 @@ def test_cli_built_in_suite_runs(tiny_target):
 
 
 def test_cli_export_prints_llama_server_command_without_loading(tiny_pair, monkeypatch):
-    import specchat.loader
+    import specchat.models.loader
 
     def no_load(*a, **k):
         raise AssertionError("--export must not load models")
 
-    monkeypatch.setattr(specchat.loader, "load", no_load)
+    monkeypatch.setattr(specchat.models.loader, "load", no_load)
     target, draft = (str(p) for p in tiny_pair)
     res = invoke(
         target, "--draft", draft, "--draft", "ngram", "--export", "llama-server",
@@ -506,7 +506,7 @@ def test_cli_export_prints_llama_server_command_without_loading(tiny_pair, monke
 
 
 def test_cli_export_of_uncached_alias_uses_hub_options():
-    from specchat.registry import load_registry
+    from specchat.models.registry import load_registry
 
     reg = load_registry()
     alias = next(a for a in reg.models if reg.recommended_draft(a))

@@ -14,10 +14,10 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
-from specchat import buildcheck
-from specchat.buildcheck import CRASHED, NOT_RUN, PASS, WRONG, CheckResult
 from specchat.cli import app
-from specchat.gguf_meta import read_gguf
+from specchat.llama import buildcheck
+from specchat.llama.buildcheck import CRASHED, NOT_RUN, PASS, WRONG, CheckResult
+from specchat.models.gguf import read_gguf
 
 IDENT = {"key": "testbuild0000", "version": "0.3.99", "libraries": []}
 

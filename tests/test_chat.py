@@ -15,13 +15,13 @@ from collections.abc import Sequence
 import pytest
 from typer.testing import CliRunner
 
-from specchat import loader, render
-from specchat.chat import Action, ChatSession, InputAssembler, Turn
-from specchat.cli import app
-from specchat.drafters import ModelDrafter
+from specchat.cli import app, render
+from specchat.cli.render import export_svg
+from specchat.decoding.drafters import ModelDrafter
+from specchat.decoding.loop import FixedK
+from specchat.decoding.session import Action, ChatSession, InputAssembler, Turn
 from specchat.errors import BadInput, ContextFull
-from specchat.render import export_svg
-from specchat.speculative import FixedK
+from specchat.models import loader
 
 from .fakes import FakeModel
 

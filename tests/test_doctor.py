@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from specchat import cli_doctor, hub
-from specchat.cli import app
+from specchat.cli import app, doctor
+from specchat.models import hub
 
 from .tiny_models import write_tiny_llama
 
@@ -65,7 +65,7 @@ def test_hub_probe_is_short_and_offline_is_respected(monkeypatch):
     hub_doc = doctor_json()["hub"]
     assert hub_doc["endpoint"] == "http://127.0.0.1:9"
     assert hub_doc["checked"] is True and hub_doc["reachable"] is False
-    assert hub_doc["seconds"] < cli_doctor.HUB_TIMEOUT + 1
+    assert hub_doc["seconds"] < doctor.HUB_TIMEOUT + 1
 
     assert doctor_json("--offline")["hub"]["checked"] is False
 
@@ -125,12 +125,12 @@ def test_hostile_metadata_is_shown_escaped(tmp_path):
 
 
 def test_a_broken_section_is_reported_not_fatal(monkeypatch, tmp_path):
-    import specchat.hardware
+    import specchat.models.hardware
 
     def boom() -> dict:
         raise RuntimeError("psutil exploded")
 
-    monkeypatch.setattr(specchat.hardware, "system_facts", boom)
+    monkeypatch.setattr(specchat.models.hardware, "system_facts", boom)
     monkeypatch.setenv("SPECCHAT_MODELS", str(tmp_path / "nope.toml"))
     doc = doctor_json("--offline")
     assert doc["system"] == {"error": "RuntimeError: psutil exploded"}
@@ -152,9 +152,9 @@ def test_a_broken_section_is_reported_not_fatal(monkeypatch, tmp_path):
     ],
 )
 def test_parse_system_info_formats(monkeypatch, info, backends, simd):
-    parsed = cli_doctor.parse_system_info(info)
+    parsed = doctor.parse_system_info(info)
     assert list(parsed) == backends
-    from specchat import engine
+    from specchat.llama import engine
 
     gpu = backends[0] != "CPU"
     monkeypatch.setattr(
@@ -162,17 +162,17 @@ def test_parse_system_info_formats(monkeypatch, info, backends, simd):
         "backend_info",
         lambda: {"llama_cpp_python": "x", "gpu_offload": gpu, "mmap": True, "system_info": info},
     )
-    facts = cli_doctor.llama_cpp_facts()
+    facts = doctor.llama_cpp_facts()
     assert facts["cpu_simd"] == simd
     assert facts["gpu_backend"] == (backends[0] if gpu else "CPU only")
     assert "LLAMAFILE" in facts["cpu_build_flags"] and "LLAMAFILE" not in facts["cpu_simd"]
 
 
 def test_parse_system_info_keeps_values():
-    parsed = cli_doctor.parse_system_info(CUDA_INFO)
+    parsed = doctor.parse_system_info(CUDA_INFO)
     assert parsed["CUDA"]["ARCHS"] == "500,610,700,750,800,860,890"
     assert parsed["CPU"]["AVX512"] == "1"
-    assert cli_doctor.parse_system_info("") == {}
+    assert doctor.parse_system_info("") == {}
 
 
 def test_dir_usage_counts_each_file_once_and_stops_at_the_limit(tmp_path):
@@ -180,8 +180,8 @@ def test_dir_usage_counts_each_file_once_and_stops_at_the_limit(tmp_path):
     (tmp_path / "blobs" / "b1").write_bytes(b"x" * 100)
     (tmp_path / "snap").mkdir()
     (tmp_path / "snap" / "m.gguf").symlink_to(tmp_path / "blobs" / "b1")
-    usage = cli_doctor.dir_usage(tmp_path)
+    usage = doctor.dir_usage(tmp_path)
     assert usage == {"size_bytes": 100, "files": 1, "complete": True}
     for i in range(10):
         (tmp_path / f"f{i}").write_bytes(b"y")
-    assert cli_doctor.dir_usage(tmp_path, limit=5)["complete"] is False
+    assert doctor.dir_usage(tmp_path, limit=5)["complete"] is False

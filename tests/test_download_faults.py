@@ -16,10 +16,10 @@ import typer
 from rich.console import Console
 from typer.testing import CliRunner
 
-from specchat import hub
-from specchat.cli_models import register
+from specchat.cli.models import register
 from specchat.errors import DownloadError, ModelFileError, OfflineError
-from specchat.registry import load_registry, resolve
+from specchat.models import hub
+from specchat.models.registry import load_registry, resolve
 
 from .standin_hub import (
     COMMIT,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from specchat.cli_models import _confirm_vocab
+from specchat.cli.models import _confirm_vocab
 
 
 def test_vocab_check_marks_same_different_and_missing(tiny_pair, tiny_incompatible, tiny_special_mismatch):

@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from specchat.drafters import ModelDrafter
-from specchat.engine import LlamaModel, LoadOptions
+from specchat.decoding.drafters import ModelDrafter
+from specchat.decoding.events import Done, Token
+from specchat.decoding.loop import FixedK, Settings, generate
 from specchat.errors import ContextFull, IncompatiblePair
-from specchat.events import Done, Token
-from specchat.pair import check_pair
-from specchat.speculative import FixedK, Settings, generate
+from specchat.llama.engine import LlamaModel, LoadOptions
+from specchat.models.pair import check_pair
 
 OPTS = LoadOptions(n_ctx=256, threads=1)
 
@@ -125,8 +125,8 @@ def test_verbose_load_routes_llama_cpp_log_to_stderr(tiny_pair, capfd):
 def test_the_target_loads_the_same_with_and_without_drafters(tiny_pair):
     """One target, one output: `--no-draft` and speculative runs (auto or `-k N`: LoadConfig has no
     say in it) load the target with the same settings (V in bf16 on the CPU, repacked weights on)."""
-    from specchat import loader
-    from specchat.engine import GGML_TYPE_BF16
+    from specchat.llama.engine import GGML_TYPE_BF16
+    from specchat.models import loader
 
     settings = []
     for drafts in [("ngram",), ()]:

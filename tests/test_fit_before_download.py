@@ -15,11 +15,11 @@ from types import SimpleNamespace
 import pytest
 from typer.testing import CliRunner
 
-from specchat import hardware
 from specchat.cli import app
-from specchat.engine import DeviceMemory, device_memory
 from specchat.errors import NotEnoughMemory
-from specchat.hardware import GIB, MIB, Footprint, estimate_from_size, fit_check, machine_memory
+from specchat.llama.engine import DeviceMemory, device_memory
+from specchat.models import hardware
+from specchat.models.hardware import GIB, MIB, Footprint, estimate_from_size, fit_check, machine_memory
 
 from .standin_hub import StandinHub, isolate, model_fields, tiny_gguf, write_registry
 
@@ -137,8 +137,8 @@ def test_an_unreachable_hub_leaves_the_decision_to_the_download(ram_24gb: None, 
 
 
 def test_files_on_disk_count_with_their_headers(ram_24gb: None, tiny_target: Path) -> None:
-    from specchat.loader import fit_before_download
-    from specchat.registry import load_registry, resolve
+    from specchat.models.loader import fit_before_download
+    from specchat.models.registry import load_registry, resolve
 
     reg = load_registry()
     with pytest.raises(NotEnoughMemory, match=r"the model and its draft need about 4\d\.\d GB"):

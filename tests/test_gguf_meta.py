@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from specchat.errors import ModelFileError
-from specchat.gguf_meta import GGML_TYPES, ArrayRef, read_gguf
+from specchat.models.gguf import GGML_TYPES, ArrayRef, read_gguf
 
 from .tiny_models import (
     CHATML_TEMPLATE,

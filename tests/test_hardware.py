@@ -8,10 +8,10 @@ from typing import Any
 import psutil
 import pytest
 
-from specchat import hardware
 from specchat.errors import NotEnoughMemory
-from specchat.gguf_meta import GGUFInfo, read_gguf
-from specchat.hardware import (
+from specchat.models import hardware
+from specchat.models.gguf import GGUFInfo, read_gguf
+from specchat.models.hardware import (
     GIB,
     MIB,
     compute_buffer_bytes,

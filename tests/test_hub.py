@@ -14,10 +14,10 @@ import typer
 from rich.console import Console
 from typer.testing import CliRunner
 
-from specchat import hub
-from specchat.cli_models import human_size, register
+from specchat.cli.models import human_size, register
 from specchat.errors import DownloadError, ModelNotFound, OfflineError
-from specchat.registry import load_registry, resolve
+from specchat.models import hub
+from specchat.models.registry import load_registry, resolve
 
 from .standin_hub import COMMIT, Env, StandinHub, isolate, model_fields, tiny_gguf, write_registry
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from specchat.errors import BadInput
-from specchat.llama_ref import PROGRAM, REFERENCE_MODES, find_program, run_reference
+from specchat.llama.reference import PROGRAM, REFERENCE_MODES, find_program, run_reference
 
 
 def fake_program(tmp_path: Path, body: str) -> Path:

@@ -10,12 +10,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specchat import speculative
-from specchat.drafters import ModelDrafter
-from specchat.events import Done, Source, Token
-from specchat.logprobs import MAX_TOP, token_logprob
-from specchat.sampling import SamplingParams, probs
-from specchat.speculative import FixedK, Settings, generate
+from specchat.decoding import loop
+from specchat.decoding.drafters import ModelDrafter
+from specchat.decoding.events import Done, Source, Token
+from specchat.decoding.logprobs import MAX_TOP, token_logprob
+from specchat.decoding.loop import FixedK, Settings, generate
+from specchat.decoding.sampling import SamplingParams, probs
 
 from .fakes import DriftModel, FakeModel
 
@@ -201,7 +201,7 @@ def test_without_logprobs_nothing_is_computed(monkeypatch):
     def refuse(*_args: object) -> None:
         raise AssertionError("logprobs computed though none were asked for")
 
-    monkeypatch.setattr(speculative, "token_logprob", refuse)
+    monkeypatch.setattr(loop, "token_logprob", refuse)
     target = FakeModel(seed=1, n_vocab=12)
     draft = FakeModel(seed=2, n_vocab=12)
     tokens = loop_tokens(target, draft, logprobs=None)

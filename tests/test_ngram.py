@@ -6,10 +6,10 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specchat.drafters import NgramDrafter
-from specchat.events import Source, Token
-from specchat.sampling import SamplingParams
-from specchat.speculative import FixedK, Settings, generate
+from specchat.decoding.drafters import NgramDrafter
+from specchat.decoding.events import Source, Token
+from specchat.decoding.loop import FixedK, Settings, generate
+from specchat.decoding.sampling import SamplingParams
 
 from .fakes import FakeModel, plain_greedy
 

@@ -15,9 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from specchat import loader
-from specchat.events import Source
-from specchat.render import LABELS, STYLES
+from specchat.decoding.events import LABELS, STYLES, Source
+from specchat.models import loader
 from specchat.server.page import legend_sources, render_page
 
 from .cdp import Browser, find_chromium

@@ -35,8 +35,8 @@ def test_greedy_speculation_passes_the_teacher_forced_audit_past_512_cells(real_
     K/V drift from one-token ones. With --strict every token is the one-token argmax (ties within
     0.05); without it a token may differ only where the one-token gap is within the tie margin."""
     from specchat.bench import teacher_force
-    from specchat.calibration import tie_margin
-    from specchat.engine import GGML_TYPE_BF16, LlamaModel, LoadOptions
+    from specchat.decoding.calibration import tie_margin
+    from specchat.llama.engine import GGML_TYPE_BF16, LlamaModel, LoadOptions
 
     target, draft = (str(p) for p in real_pair)
     draft_args = ["--draft", draft, *drafting] if drafting[0] == "-k" else drafting
@@ -59,10 +59,10 @@ def test_greedy_speculation_passes_the_teacher_forced_audit_past_512_cells(real_
 
 
 def test_twenty_turn_soak_trims_context_and_keeps_memory_flat(real_pair):
-    from specchat import loader
-    from specchat.chat import ChatSession
-    from specchat.events import Token
-    from specchat.loader import LoadedEngine
+    from specchat.decoding.events import Token
+    from specchat.decoding.session import ChatSession
+    from specchat.models import loader
+    from specchat.models.loader import LoadedEngine
 
     target, draft = (str(p) for p in real_pair)
     loaded = loader.load(loader.LoadConfig(target=target, drafts=(draft,), ctx_size=1024))
@@ -107,7 +107,7 @@ def test_serve_answers_the_openai_client_and_a_resent_conversation_reuses_the_ca
     import httpx
     import openai
 
-    from specchat import loader
+    from specchat.models import loader
     from specchat.server.api import Defaults
     from specchat.server.app import ServerThread, bind, create_app
     from specchat.server.worker import Worker

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from specchat.errors import BadInput, ModelNotFound
-from specchat.registry import (
+from specchat.models.registry import (
     ModelRef,
     Registry,
     RegistryError,

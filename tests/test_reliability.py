@@ -26,12 +26,12 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from specchat import loader, render
-from specchat.cli import app
-from specchat.engine import LlamaModel, LoadOptions
+from specchat.cli import app, render
+from specchat.decoding.events import Source, Token
 from specchat.errors import ModelFileError, SpecchatError
-from specchat.events import Source, Token
-from specchat.registry import load_registry, resolve
+from specchat.llama.engine import LlamaModel, LoadOptions
+from specchat.models import loader
+from specchat.models.registry import load_registry, resolve
 
 from .tiny_models import write_tiny_llama, write_truncated
 

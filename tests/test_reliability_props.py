@@ -17,10 +17,10 @@ from pathlib import Path
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
-from specchat.cli_common import fail_line
+from specchat.cli.common import fail_line
+from specchat.decoding.loop import Detokenizer
 from specchat.errors import SpecchatError
-from specchat.registry import Registry, RegistryError, parse_registry, registry_path, resolve
-from specchat.speculative import Detokenizer
+from specchat.models.registry import Registry, RegistryError, parse_registry, registry_path, resolve
 
 # No example database (nothing written into the checkout) and no per-example deadline (CI jitter).
 FAST = settings(max_examples=150, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])

@@ -10,10 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from specchat.drafters import ModelDrafter
-from specchat.events import Token
-from specchat.sampling import SamplingParams, probs, sample, top_prob, verify
-from specchat.speculative import FixedK, Settings, generate
+from specchat.decoding.drafters import ModelDrafter
+from specchat.decoding.events import Token
+from specchat.decoding.loop import FixedK, Settings, generate
+from specchat.decoding.sampling import SamplingParams, probs, sample, top_prob, verify
 
 from .fakes import FakeModel
 

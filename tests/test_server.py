@@ -24,12 +24,12 @@ import pytest
 from typer.testing import CliRunner
 
 from specchat.cli import app as cli_app
+from specchat.decoding.loop import FixedK
 from specchat.errors import ContextFull
 from specchat.server.api import ApiError, Defaults, parse_json, parse_request
 from specchat.server.app import ServerThread, bind, create_app, is_loopback
 from specchat.server.stops import StopFilter
 from specchat.server.worker import Worker
-from specchat.speculative import FixedK
 
 from .fakes import FakeModel
 from .serving import client, health, serving, wait_until
@@ -547,7 +547,7 @@ def test_serve_makes_every_llama_cpp_call_on_the_thread_that_loaded_the_models(t
     second thread generating made llama.cpp's OpenMP keep two thread teams, and with more OpenMP
     threads than cores every barrier sleeps in the kernel (0.67x of --no-draft serving). So serve
     generates on the thread that loaded: every decode, calibration's and the answer's, on one."""
-    from specchat.engine import LlamaModel
+    from specchat.llama.engine import LlamaModel
 
     seen: list[tuple[int, str]] = []
     phase = ["load"]

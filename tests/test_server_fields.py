@@ -13,9 +13,9 @@ import httpx
 import openai
 import pytest
 
-from specchat.events import DrafterStats, Stats
-from specchat.logprobs import token_logprob
-from specchat.sampling import SamplingParams
+from specchat.decoding.events import DrafterStats, Stats
+from specchat.decoding.logprobs import token_logprob
+from specchat.decoding.sampling import SamplingParams
 from specchat.server.api import Defaults, combined, parse_request
 from specchat.server.stops import TokenGate
 from specchat.server.worker import choice_seed

@@ -7,10 +7,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specchat.drafters import ModelDrafter
-from specchat.events import Done, Round, Source, Token
-from specchat.sampling import SamplingParams
-from specchat.speculative import FixedK, Settings, generate, greedy_gap
+from specchat.decoding.drafters import ModelDrafter
+from specchat.decoding.events import Done, Round, Source, Token
+from specchat.decoding.loop import FixedK, Settings, generate, greedy_gap
+from specchat.decoding.sampling import SamplingParams
 
 from .fakes import DriftModel, FakeModel, plain_greedy
 
@@ -125,7 +125,7 @@ def test_eog_stops_and_is_not_emitted():
 
 
 def test_context_full_stops_with_notice():
-    from specchat.events import Notice
+    from specchat.decoding.events import Notice
 
     target = FakeModel(seed=1, n_ctx=20)
     draft = FakeModel(seed=1, table=target.table, n_ctx=20)

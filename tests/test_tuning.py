@@ -8,9 +8,9 @@ import time
 import numpy as np
 import pytest
 
-from specchat.calibration import Costs, calibrate, measure_verify
-from specchat.events import Round
-from specchat.tuning import AutoPlanner, best_k, expected_tokens
+from specchat.decoding.calibration import Costs, calibrate, measure_verify
+from specchat.decoding.events import Round
+from specchat.decoding.planner import AutoPlanner, best_k, expected_tokens
 
 from .fakes import FakeModel
 
@@ -193,7 +193,7 @@ def test_calibration_is_cached(tmp_path, monkeypatch):
 def test_a_cached_curve_measured_on_a_busy_machine_is_measured_again(tmp_path, monkeypatch):
     """Issue 11: V(2..9) cached at 3-4x their idle cost kept auto from drafting until the file was
     deleted. A quick live V(1)/V(4) that runs well below the cached curve re-measures it."""
-    from specchat import calibration
+    from specchat.decoding import calibration
 
     monkeypatch.setenv("SPECCHAT_HOME", str(tmp_path))
     t = FakeModel(n_vocab=32)
@@ -209,7 +209,7 @@ def test_a_cached_curve_measured_on_a_busy_machine_is_measured_again(tmp_path, m
 
 
 def test_a_disturbed_calibration_is_repeated_and_never_cached(tmp_path, monkeypatch):
-    from specchat import calibration
+    from specchat.decoding import calibration
 
     monkeypatch.setenv("SPECCHAT_HOME", str(tmp_path))
     spreads = iter([0.9, 0.6, 0.7])
@@ -229,7 +229,7 @@ def test_a_disturbed_calibration_is_repeated_and_never_cached(tmp_path, monkeypa
 def test_time_verify_keeps_a_kernel_dip_and_interpolates_between_sizes():
     """With repacked weights llama.cpp's CPU GEMM makes a batch of 4 cheaper than a batch of 3; a
     monotone smoothing would hide exactly the region where long drafts pay."""
-    from specchat import calibration
+    from specchat.decoding import calibration
 
     class Dip(FakeModel):
         def decode(self, tokens, logits_rows):
@@ -255,7 +255,7 @@ class BatchSensitiveModel(FakeModel):
 
 
 def test_exact_batch_finds_the_kernel_switch():
-    from specchat.calibration import exact_batch
+    from specchat.decoding.calibration import exact_batch
 
     assert exact_batch(FakeModel(n_vocab=16), 9) == 9
     m = BatchSensitiveModel(4, n_vocab=16)
@@ -344,8 +344,8 @@ def test_explain_says_why_auto_never_drafts():
 
 
 def test_low_draft_acceptance_suggests_a_same_family_draft():
-    from specchat.events import DrafterStats, Stats
-    from specchat.tuning import acceptance_advice
+    from specchat.decoding.events import DrafterStats, Stats
+    from specchat.decoding.planner import acceptance_advice
 
     def stats(drafted: int, accepted: int, name: str = "smol.gguf") -> Stats:
         per = (DrafterStats(name, 9, drafted, accepted),)
@@ -360,7 +360,7 @@ def test_low_draft_acceptance_suggests_a_same_family_draft():
 
 def test_route_priors_let_long_copies_draft_deep_from_the_first_rounds():
     """Before, every route started at 50% acceptance and auto needed ~40 rounds to trust a long copy."""
-    from specchat.drafters import NGRAM_ROUTE_PRIORS
+    from specchat.decoding.drafters import NGRAM_ROUTE_PRIORS
 
     # V(1..16) of the default target on the 2-core EPYC this was written on (calibration, seconds)
     here = [0.0241, 0.0448, 0.0614, 0.0734, 0.0921, 0.1035, 0.1209, 0.1211, 0.1348]
@@ -376,7 +376,7 @@ def test_route_priors_let_long_copies_draft_deep_from_the_first_rounds():
 def test_a_depth_without_evidence_is_not_less_likely_than_the_one_before():
     """One early rejection at depth 2 must not cap every later draft: depths with (almost) no
     observations of their own borrow the rate of the depth before; observed depths keep theirs."""
-    from specchat.tuning import _Acceptance
+    from specchat.decoding.planner import _Acceptance
 
     acc = _Acceptance(1.0, 1.0)
     for _ in range(20):

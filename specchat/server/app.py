@@ -32,8 +32,8 @@ from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingR
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from ..decoding.events import Stats
 from ..errors import BadInput
-from ..events import Stats
 from . import api
 from .api import ApiError, Choice, Defaults, GenRequest, Kind, LogprobEntry, Reply
 from .page import HEADERS as PAGE_HEADERS

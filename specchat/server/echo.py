@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..logprobs import token_logprob
-from ..model import Model
-from ..sampling import SamplingParams
-from ..speculative import Detokenizer
+from ..decoding.logprobs import token_logprob
+from ..decoding.loop import Detokenizer
+from ..decoding.model import Model
+from ..decoding.sampling import SamplingParams
 from .api import LogprobEntry, logprob_entry
 
 #: Rows per decode: 64 x a 152k vocabulary is 39 MB of logits at a time.

@@ -12,8 +12,7 @@ import json
 from collections.abc import Sequence
 from importlib import resources
 
-from ..events import Source
-from ..render import LABELS, STYLES, sources_for
+from ..decoding.events import LABELS, STYLES, Source, sources_for
 
 PLACEHOLDER = "/*SPECCHAT_CONFIG*/"
 

@@ -35,11 +35,11 @@ from typing import Protocol
 
 import numpy as np
 
-from ..chat import Engine, answer_events, follow_temperature
+from ..decoding.events import Done, Round, Stats, Token
+from ..decoding.loop import Planner, Tally
+from ..decoding.sampling import SamplingParams
+from ..decoding.session import Engine, answer_events, follow_temperature
 from ..errors import ContextFull, SpecchatError
-from ..events import Done, Round, Stats, Token
-from ..sampling import SamplingParams
-from ..speculative import Planner, Tally
 from .api import ApiError, GenRequest, LogprobEntry, Progress, finish_reason, logprob_entry
 from .echo import prompt_logprobs
 from .stops import Piece, StopFilter, TokenGate

@@ -36,8 +36,8 @@ SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 15, 16, 17, 24, 32, 33)
 def measure(target: Path, mode: str) -> dict[str, object]:
     """Run in the child process: load, probe, time."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    from specchat.calibration import batch_noise, exact_batch, time_verify
-    from specchat.engine import GGML_TYPE_BF16, LlamaModel, LoadOptions
+    from specchat.decoding.calibration import batch_noise, exact_batch, time_verify
+    from specchat.llama.engine import GGML_TYPE_BF16, LlamaModel, LoadOptions
 
     with LlamaModel(target, LoadOptions(n_ctx=4096, type_v=GGML_TYPE_BF16, repack=mode == "repack")) as m:
         probe = [(i * 7919) % max(1, m.n_vocab - 16) + 8 for i in range(512)]

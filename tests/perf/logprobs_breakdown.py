@@ -28,7 +28,8 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from specchat import loader, speculative
+from specchat.decoding import loop
+from specchat.models import loader
 from specchat.server import worker as worker_module
 from tests.serving import serve_here
 
@@ -59,7 +60,7 @@ def main() -> None:
     opts = ap.parse_args()
     rows: list[float] = []
     entries: list[float] = []
-    speculative.token_logprob = timed(speculative.token_logprob, rows)  # type: ignore[assignment]
+    loop.token_logprob = timed(loop.token_logprob, rows)  # type: ignore[assignment]
     worker_module.logprob_entry = timed(worker_module.logprob_entry, entries)  # type: ignore[assignment]
     cfg = loader.LoadConfig(target=opts.target, drafts=(opts.draft, "ngram"), ctx_size=4096)
     loaded = loader.load(cfg)

@@ -38,11 +38,11 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
 
 from specchat import store  # noqa: E402
-from specchat.calibration import Costs, calibrate, exact_rows, tie_margin  # noqa: E402
-from specchat.drafters import NGRAM_ROUTE_PRIORS, NgramDrafter  # noqa: E402
-from specchat.events import Done, Round  # noqa: E402
-from specchat.speculative import Settings, generate  # noqa: E402
-from specchat.tuning import AutoPlanner  # noqa: E402
+from specchat.decoding.calibration import Costs, calibrate, exact_rows, tie_margin  # noqa: E402
+from specchat.decoding.drafters import NGRAM_ROUTE_PRIORS, NgramDrafter  # noqa: E402
+from specchat.decoding.events import Done, Round  # noqa: E402
+from specchat.decoding.loop import Settings, generate  # noqa: E402
+from specchat.decoding.planner import AutoPlanner  # noqa: E402
 
 #: prompt categories that copy their input (the rest are judged on staying at plain speed)
 COPYING = {"edit", "revision"}
@@ -146,7 +146,7 @@ def main() -> None:
     ap.add_argument("--oracle", action="store_true", help="also print the hindsight bound per prompt")
     args = ap.parse_args()
     sys.path.insert(0, str(HERE))
-    from specchat.engine import GGML_TYPE_BF16, LlamaModel, LoadOptions, backend_info
+    from specchat.llama.engine import GGML_TYPE_BF16, LlamaModel, LoadOptions, backend_info
 
     recorded = json.loads(args.results.read_text())["results"]
     prompts = {p["name"]: p for p in map(json.loads, args.prompts.read_text().splitlines()) if p}

@@ -21,8 +21,9 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from .cli_common import check_range, err_console, guarded, load_models
-from .cli_options import (
+from ..errors import BadInput
+from .common import check_range, err_console, guarded, load_models
+from .options import (
     CtxOpt,
     DraftGpuOpt,
     DraftOpt,
@@ -42,12 +43,11 @@ from .cli_options import (
     VerboseOpt,
     parse_k,
 )
-from .errors import BadInput
 
 if TYPE_CHECKING:
-    from .loader import Loaded
-    from .server.app import ServerThread
-    from .server.worker import Worker
+    from ..models.loader import Loaded
+    from ..server.app import ServerThread
+    from ..server.worker import Worker
 
 DEFAULT_PORT = 8080
 AUTH_EXAMPLE = "Authorization: Bearer $SPECCHAT_API_KEY"
@@ -131,7 +131,7 @@ def serve(
     check_range("--queue", queue, 0, 10_000)
     if api_key is not None and not api_key.strip():
         raise BadInput("--api-key is empty", "give a non-empty key, or leave --api-key out")
-    from .server.app import bind, is_loopback
+    from ..server.app import bind, is_loopback
 
     err = err_console()
     if not is_loopback(host) and api_key is None:
@@ -165,10 +165,10 @@ def _serve_loaded(
     err: Console,
 ) -> None:
     """Serve until a signal; the models stay open until both threads have stopped using them."""
-    from .loader import LoadedEngine
-    from .server.api import Defaults
-    from .server.app import ServerThread, create_app
-    from .server.worker import Worker
+    from ..models.loader import LoadedEngine
+    from ..server.api import Defaults
+    from ..server.app import ServerThread, create_app
+    from ..server.worker import Worker
 
     for w in loaded.warnings:
         err.print(f"[yellow]warning:[/] {escape(w)}", highlight=False)

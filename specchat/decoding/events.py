@@ -25,6 +25,33 @@ class Source(str, Enum):
         return self in (Source.DRAFT, Source.NGRAM)
 
 
+#: The token-source legend, shared by the terminal's stream and the web page (both import it from here).
+#: One colour per provenance. Green = the draft was right; red = the target had to correct it;
+#: blue = the target's free extra token after a fully accepted round; magenta = n-gram lookup.
+STYLES: dict[Source, str] = {
+    Source.DRAFT: "green",
+    Source.NGRAM: "magenta",
+    Source.CORRECTION: "red",
+    Source.BONUS: "blue",
+    Source.TARGET: "",
+}
+
+LABELS: dict[Source, str] = {
+    Source.DRAFT: "accepted from draft",
+    Source.NGRAM: "accepted from n-gram lookup",
+    Source.CORRECTION: "corrected by target",
+    Source.BONUS: "added by target",
+    Source.TARGET: "target (no draft)",
+}
+
+
+def sources_for(drafter_sources: list[Source]) -> tuple[Source, ...]:
+    """The sources a run can produce, for its legend: each drafter's, then the target's two."""
+    if not drafter_sources:
+        return (Source.TARGET,)
+    return (*dict.fromkeys(drafter_sources), Source.CORRECTION, Source.BONUS)
+
+
 @dataclass(frozen=True, slots=True)
 class Token:
     """One committed token. `text` may be "" when the token ends inside a multi-byte character;

@@ -19,7 +19,7 @@ from pathlib import Path
 import llama_cpp
 import numpy as np
 
-from .errors import ContextFull, EngineError, ModelFileError
+from ..errors import ContextFull, EngineError, ModelFileError
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,7 +264,7 @@ class LlamaVocab(_VocabFacts):
 class LlamaModel(_VocabFacts):
     """A loaded GGUF model with its own context (KV cache) and a reusable batch.
 
-    Implements `specchat.model.Model`. `tokens` mirrors what the KV cache holds, so prefix reuse and
+    Implements `specchat.decoding.model.Model`. `tokens` mirrors what the KV cache holds, so prefix reuse and
     truncation are simple list arithmetic in the callers.
     """
 

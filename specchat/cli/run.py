@@ -10,8 +10,9 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from .cli_common import EXIT_INTERRUPTED, err_console, guarded, load_models, out_console
-from .cli_options import (
+from ..errors import BadInput
+from .common import EXIT_INTERRUPTED, err_console, guarded, load_models, out_console
+from .options import (
     CtxOpt,
     DraftGpuOpt,
     DraftOpt,
@@ -35,7 +36,6 @@ from .cli_options import (
     VerboseOpt,
     parse_k,
 )
-from .errors import BadInput
 
 
 def register(app: typer.Typer) -> None:
@@ -115,9 +115,12 @@ def generate_one(
     """Load, generate one answer to `prompt`, show it (or print it as JSON), and free the models."""
     import numpy as np
 
-    from . import loader, render, tuning
-    from .chat import answer_events
-    from .speculative import Tally
+    from ..decoding.events import sources_for
+    from ..decoding.loop import Tally
+    from ..decoding.planner import acceptance_advice, calibration_report, make_planner
+    from ..decoding.session import answer_events
+    from ..models import loader
+    from . import render
 
     err = err_console()
     announce = None if as_json else (lambda line: err.print(f"[dim]{escape(line)}[/]", soft_wrap=True))
@@ -130,13 +133,13 @@ def generate_one(
         tokens, warning = loader.chat_prompt(loaded.target, messages, raw=raw)
         for w in [*loaded.warnings, *([warning] if warning else [])]:
             err.print(f"[yellow]warning:[/] {escape(w)}", highlight=False)
-        planner = tuning.make_planner(loaded, opts.k, seed=opts.seed)
+        planner = make_planner(loaded, opts.k, seed=opts.seed)
         if opts.verbose:
-            for line in tuning.calibration_report(planner):
+            for line in calibration_report(planner):
                 err.print(f"[dim]{escape(line)}[/]", highlight=False, soft_wrap=True)
         rng = np.random.default_rng(opts.seed)
         tally = Tally()
-        sources = render.sources_for([d.source for d in loaded.drafters])
+        sources = sources_for([d.source for d in loaded.drafters])
         if not as_json and loaded.drafters:
             err.print(render.legend(sources))
         gen = answer_events(
@@ -152,12 +155,12 @@ def generate_one(
         stream = render.TokenStream(out_console(no_color)) if not as_json else None
         shown = render.consume(gen, stream, tally)
         why = getattr(planner, "explain", lambda _names: None)([d.name for d in loaded.drafters])
-        advice = tuning.acceptance_advice(shown.stats, [m.name for m in loaded.draft_models], opts.target)
+        advice = acceptance_advice(shown.stats, [m.name for m in loaded.draft_models], opts.target)
         for note in [*shown.notices, *(n for n in (why, advice) if n and not as_json)]:
             err.print(f"[yellow]note:[/] {escape(note)}", highlight=False, soft_wrap=True)
         stats = shown.stats
         if save_svg is not None:
-            from .chat import Turn
+            from ..decoding.session import Turn
 
             render.export_svg(save_svg, [Turn.from_shown(prompt, shown)], sources=sources, system=system)
             err.print(f"[dim]saved {escape(str(save_svg))}[/]")

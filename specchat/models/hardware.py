@@ -21,7 +21,7 @@ from typing import Any
 import psutil
 
 from specchat.errors import NotEnoughMemory
-from specchat.gguf_meta import GGUFInfo
+from specchat.models.gguf import GGUFInfo
 
 GIB = 1024**3
 MIB = 1024**2

@@ -54,7 +54,7 @@ from rich.progress import (
 
 from specchat import store
 from specchat.errors import BadInput, DownloadError, ModelFileError, ModelNotFound, OfflineError
-from specchat.registry import Mirror, ModelRef, check_repo_file, pick_quant_file
+from specchat.models.registry import Mirror, ModelRef, check_repo_file, pick_quant_file
 
 if TYPE_CHECKING:
     from huggingface_hub import HfFileMetadata

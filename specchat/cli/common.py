@@ -18,10 +18,10 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from .errors import BadInput, SpecchatError
+from ..errors import BadInput, SpecchatError
 
 if TYPE_CHECKING:
-    from .loader import LoadConfig, Loaded
+    from ..models.loader import LoadConfig, Loaded
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -57,7 +57,7 @@ def fail_line(err: SpecchatError) -> str:
     markup is escaped and control characters (ESC sequences that would drive the terminal, newlines
     that would break the one line) are shown as visible escapes.
     """
-    from .render import terminal_safe
+    from ..terminal import terminal_safe
 
     def safe(text: str) -> str:
         return escape(terminal_safe(text).replace("\n", "\\n"))
@@ -117,7 +117,7 @@ def check_range(
 def load_models(cfg: LoadConfig, err: Console, *, quiet: bool = False) -> Loaded:
     """`loader.load` with a spinner on stderr showing its progress notes (none when `quiet`, as for
     --json, whose stderr stays free of anything but warnings and errors)."""
-    from . import loader
+    from ..models import loader
 
     if quiet:
         return loader.load(cfg, console=err)

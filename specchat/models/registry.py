@@ -222,8 +222,8 @@ def registry_path() -> Path:
                 hint=f"fix the path or unset {ENV_MODELS} to use the bundled registry",
             )
         return path
-    here = Path(__file__).resolve().parent
-    for candidate in (here / "models.toml", here.parent / "models.toml"):
+    package = Path(__file__).resolve().parents[1]  # specchat/ (this module is specchat/models/registry.py)
+    for candidate in (package / "models.toml", package.parent / "models.toml"):
         if candidate.is_file():
             return candidate
     raise RegistryError(

@@ -24,12 +24,12 @@ from typing import Protocol
 
 import numpy as np
 
+from ..errors import BadInput, ContextFull
 from .drafters import Drafter, default_p_min
-from .errors import BadInput, ContextFull
 from .events import Done, Event, Stats, Token
+from .loop import Planner, Settings, Tally, generate
 from .model import Model
 from .sampling import SamplingParams
-from .speculative import Planner, Settings, Tally, generate
 
 Message = dict[str, str]
 

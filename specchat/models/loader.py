@@ -12,16 +12,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..decoding.drafters import Drafter, ModelDrafter
+from ..errors import BadInput, ContextFull, ModelFileError
+from ..llama.engine import GGML_TYPE_BF16, LlamaModel, LoadOptions, render_chat, supports_gpu_offload
 from . import hardware
-from .drafters import Drafter, ModelDrafter
-from .engine import GGML_TYPE_BF16, LlamaModel, LoadOptions, render_chat, supports_gpu_offload
-from .errors import BadInput, ContextFull, ModelFileError
-from .gguf_meta import read_gguf
+from .gguf import read_gguf
 from .pair import check_pair
 from .registry import ModelRef
 
 if TYPE_CHECKING:
-    from .speculative import Planner
+    from ..decoding.loop import Planner
 
 NGRAM = "ngram"
 
@@ -52,6 +52,7 @@ class Loaded:
     tie_margin: float = 0.0  # greedy verification: see speculative.Settings
     exact_rows: int = 0  # ditto
     strict: bool = False  # ditto
+    backend: str = ""  # llama.cpp's system info: keys the calibration caches (see tuning.make_planner)
 
     def close(self) -> None:
         for m in self.draft_models:
@@ -96,7 +97,7 @@ class LoadedEngine:
 
     def planner(self, k: int | None, *, seed: int | None = None) -> Planner:
         """A planner for `-k k`; `seed` (default: this engine's) makes its choices repeatable."""
-        from .tuning import make_planner
+        from ..decoding.planner import make_planner
 
         return make_planner(self.loaded, k, seed=seed if seed is not None else self.seed)
 
@@ -118,7 +119,7 @@ def load(
     A llama.cpp build recorded as failing its self-check (see buildcheck) is refused first: it would
     crash or compute garbage on the first quantised matmul, after a possibly long download.
     """
-    from .buildcheck import refuse_known_bad
+    from ..llama.buildcheck import refuse_known_bad
 
     refuse_known_bad()
     model_specs = [d for d in cfg.drafts if d != NGRAM]
@@ -155,7 +156,7 @@ def load(
     try:
         for spec in cfg.drafts:
             if spec == NGRAM:
-                from .drafters import NgramDrafter
+                from ..decoding.drafters import NgramDrafter
 
                 out.drafters.append(NgramDrafter())
                 continue
@@ -174,11 +175,11 @@ def load(
             out.warnings.extend(check_pair(target, dm))
             out.drafters.append(ModelDrafter(dm, p_min=cfg.p_min))
         if out.drafters:
-            from .calibration import exact_rows, tie_margin
-            from .engine import backend_info
+            from ..decoding.calibration import exact_rows, tie_margin
+            from ..llama.engine import backend_info
 
             note("measuring batched-vs-one-token rounding (once per model and machine)")
-            backend = str(backend_info().get("system_info", ""))
+            backend = out.backend = str(backend_info().get("system_info", ""))
             out.tie_margin = tie_margin(target, backend=backend)
             out.exact_rows = exact_rows(target, backend=backend)
     except BaseException:
@@ -211,8 +212,8 @@ def fit_before_download(
     """
     if force or offline:
         return
+    from ..errors import SpecchatError
     from . import hub
-    from .errors import SpecchatError
 
     where = [ref.path if ref.path is not None else hub.cached_path(ref) for ref in refs]
     if all(p is not None and p.is_file() for p in where):
@@ -246,7 +247,7 @@ def fit_before_download(
 
 def _offload_and_memory(gpu_layers: int | None) -> tuple[bool, hardware.MachineMemory]:
     """Whether layers go to a GPU, and this machine's RAM and (from llama.cpp) GPU memory."""
-    from .engine import device_memory
+    from ..llama.engine import device_memory
 
     return supports_gpu_offload() and gpu_layers != 0, hardware.machine_memory(device_memory())
 
@@ -308,7 +309,7 @@ def _render_untrusted(
     """
     from jinja2.exceptions import SecurityError
 
-    from .render import terminal_safe
+    from ..terminal import terminal_safe
 
     name = target.path.name
     try:

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from . import store
+from .. import store
 from .model import Model
 
 K_MAX = 48  # drafts per round at most: long copies (whole-file rewrites) pay up to ~48 on a CPU

@@ -13,46 +13,12 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.text import Text
 
-from .errors import BadInput
-from .events import Done, Event, Notice, Round, Source, Stats, Token
+from ..decoding.events import LABELS, STYLES, Done, Event, Notice, Round, Source, Stats, Token
+from ..errors import BadInput
+from ..terminal import terminal_safe
 
 if TYPE_CHECKING:
-    from .chat import Turn
-
-#: One colour per provenance. Green = the draft was right; red = the target had to correct it;
-#: blue = the target's free extra token after a fully accepted round; magenta = n-gram lookup.
-STYLES: dict[Source, str] = {
-    Source.DRAFT: "green",
-    Source.NGRAM: "magenta",
-    Source.CORRECTION: "red",
-    Source.BONUS: "blue",
-    Source.TARGET: "",
-}
-
-LABELS: dict[Source, str] = {
-    Source.DRAFT: "accepted from draft",
-    Source.NGRAM: "accepted from n-gram lookup",
-    Source.CORRECTION: "corrected by target",
-    Source.BONUS: "added by target",
-    Source.TARGET: "target (no draft)",
-}
-
-
-#: C0/C1 control characters (ESC above all) would let model output drive the terminal: show them as
-#: visible escapes instead. Newline and tab are layout, not control, and stay.
-_CONTROL = {c: f"\\x{c:02x}" for c in [*range(0x20), 0x7F, *range(0x80, 0xA0)] if c not in (0x09, 0x0A)}
-
-
-def terminal_safe(text: str) -> str:
-    """Text fit to print on a terminal: control characters made visible, nothing else changed."""
-    return text.translate(_CONTROL)
-
-
-def sources_for(drafter_sources: list[Source]) -> tuple[Source, ...]:
-    """The sources a run can produce, for its legend: each drafter's, then the target's two."""
-    if not drafter_sources:
-        return (Source.TARGET,)
-    return (*dict.fromkeys(drafter_sources), Source.CORRECTION, Source.BONUS)
+    from ..decoding.session import Turn
 
 
 def legend(sources: tuple[Source, ...] = (Source.DRAFT, Source.CORRECTION, Source.BONUS)) -> Text:

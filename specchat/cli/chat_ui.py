@@ -20,8 +20,8 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from . import render
-from .chat import (
+from ..decoding.events import sources_for
+from ..decoding.session import (
     COMMANDS,
     INPUT_HELP,
     STATS_HEADER,
@@ -31,11 +31,12 @@ from .chat import (
     stats_rows,
     totals_row,
 )
-from .cli_common import err_console, fail_line, load_models, out_console
-from .errors import SpecchatError
+from ..errors import SpecchatError
+from . import render
+from .common import err_console, fail_line, load_models, out_console
 
 if TYPE_CHECKING:
-    from .cli_options import Options
+    from .options import Options
 
 LineReader = Callable[[str], str]
 
@@ -44,7 +45,7 @@ HISTORY_LINES = 1000
 
 def start_chat(opts: Options, *, no_color: bool = False) -> None:
     """Load the models for `opts` and chat on stdin/stdout until Ctrl-D or /exit."""
-    from .loader import LoadedEngine
+    from ..models.loader import LoadedEngine
 
     err = err_console()
     drafts = opts.drafts_to_load(announce=lambda line: err.print(f"[dim]{escape(line)}[/]", soft_wrap=True))
@@ -84,7 +85,7 @@ def line_reader(stdin: object) -> Iterator[LineReader]:
         except ImportError:  # Windows without pyreadline: input() still works, just plainer
             readline = None
     if readline is not None:
-        from .hub import cache_dirs
+        from ..models.hub import cache_dirs
 
         history = cache_dirs()["specchat_home"] / "chat_history"
         with suppress(OSError):  # first run, or an unreadable file: start with an empty history
@@ -116,7 +117,7 @@ class ChatUI:
         fancy = console.is_terminal and console.color_system is not None and not console.no_color
         self.prompt = "\001\x1b[1;36m\002you›\001\x1b[0m\002 " if fancy else "you> "
         self.more = "\001\x1b[2m\002...\001\x1b[0m\002 " if fancy else "... "
-        self.sources = render.sources_for([d.source for d in session.engine.drafters])
+        self.sources = sources_for([d.source for d in session.engine.drafters])
         self._advised = False  # the low-acceptance advice is given once per chat
 
     def run(self) -> None:
@@ -178,8 +179,8 @@ class ChatUI:
 
     def _advise(self) -> None:
         """Once per chat: say so when the draft model's acceptance over the conversation stays low."""
-        from .events import Source
-        from .tuning import acceptance_advice
+        from ..decoding.events import Source
+        from ..decoding.planner import acceptance_advice
 
         total = self.session.totals()
         if self._advised or total is None:

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import BadInput
+from ..errors import BadInput
 
 PROGRAM = "llama-speculative-simple"
 

@@ -6,8 +6,8 @@ from typing import Annotated
 
 import typer
 
-from .cli_common import guarded
-from .cli_options import (
+from .common import guarded
+from .options import (
     CtxOpt,
     DraftGpuOpt,
     DraftOpt,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from .errors import IncompatiblePair
+from ..errors import IncompatiblePair
 
 MAX_VOCAB_DIFF = 128
 FIRST_CHECKED_ID = 5

@@ -1,16 +1,20 @@
 """specchat's command line: the one Typer app, and the command modules registered on it.
 
-Each command (cli_run, cli_chat, cli_bench, cli_serve, cli_models, cli_doctor) parses its options into the
-shared `cli_options.Options`, calls the core, and hands events to render. Heavy imports (llama_cpp,
+Owns one module per command (run, chat, bench, serve, models, doctor), the options they share
+(`options.Options`, the Typer option types), the shared helpers (`common`: consoles, error lines,
+loading), the interactive chat UI (`chat_ui`) and everything Rich (`render`). Each command parses its
+options into `options.Options`, calls the core, and hands events to render. Heavy imports (llama_cpp,
 numpy, huggingface_hub) happen inside commands, so `specchat --help` is instant and a typo in an
 option is reported before any model is touched.
+
+May import every other part of specchat; nothing in specchat imports the CLI (only `__main__`).
 """
 
 from __future__ import annotations
 
 import typer
 
-from . import cli_bench, cli_chat, cli_doctor, cli_models, cli_run, cli_serve
+from . import bench, chat, doctor, models, run, serve
 
 app = typer.Typer(
     name="specchat",
@@ -29,9 +33,9 @@ app = typer.Typer(
 
 
 def _register_commands(app: typer.Typer) -> None:
-    """Each command lives in its own module and depends only on shared ones (cli_options, cli_common,
-    ...), never on this module or on another command's: this module imports them, nothing imports it."""
-    for module in (cli_run, cli_models, cli_doctor, cli_chat, cli_bench, cli_serve):
+    """Each command lives in its own module and depends only on shared ones (options, common, ...),
+    never on this module or on another command's: this module imports them, nothing imports it."""
+    for module in (run, models, doctor, chat, bench, serve):
         module.register(app)
 
 

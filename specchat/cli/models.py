@@ -18,11 +18,11 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from specchat import hub
-from specchat.cli_common import guarded
+from specchat.cli.common import guarded
 from specchat.errors import BadInput
-from specchat.hub import human_size  # defined there; tests import it from here too
-from specchat.registry import ModelEntry, ModelRef, Registry, load_registry, resolve
+from specchat.models import hub
+from specchat.models.hub import human_size  # defined there; tests import it from here too
+from specchat.models.registry import ModelEntry, ModelRef, Registry, load_registry, resolve
 
 
 class Source(str, Enum):
@@ -104,7 +104,7 @@ def pull_command(
     registry = load_registry()
     refs = [resolve(m, registry) for m in models]
     if not force and not offline:
-        from specchat.loader import fit_before_download
+        from specchat.models.loader import fit_before_download
 
         for group in _fit_groups(refs, registry, with_draft=with_draft):
             fit_before_download(group, ctx_size=ctx_size, offline=offline or None)
@@ -184,9 +184,9 @@ def _confirm_vocab(target_path: Path | None, rows: list[dict[str, Any]]) -> None
     """Where the target and a draft are both downloaded, confirm the registry's family claim with the
     real tokenizer check (vocab-only loads, about a second): rows get `vocab` = "same", "warning: ..."
     or "different: ...", or None when a file is missing."""
-    from .engine import LlamaVocab
-    from .errors import SpecchatError
-    from .pair import check_pair
+    from ..errors import SpecchatError
+    from ..llama.engine import LlamaVocab
+    from ..models.pair import check_pair
 
     for row in rows:
         row["vocab"] = None

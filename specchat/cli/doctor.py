@@ -33,8 +33,8 @@ from rich.console import Console, Group
 from rich.markup import escape
 from rich.table import Table
 
-from specchat.cli_common import guarded
-from specchat.render import terminal_safe
+from specchat.cli.common import guarded
+from specchat.terminal import terminal_safe
 
 #: Seconds the Hub probe may take: long enough for a real endpoint, short enough not to stall doctor.
 HUB_TIMEOUT = 2.0
@@ -141,12 +141,12 @@ def _specchat_facts() -> dict[str, Any]:
         "python": platform.python_version(),
         "python_implementation": platform.python_implementation(),
         "executable": sys.executable,
-        "package_dir": str(Path(__file__).resolve().parent),
+        "package_dir": str(Path(__file__).resolve().parents[1]),
     }
 
 
 def _system_facts() -> dict[str, Any]:
-    from specchat.hardware import system_facts
+    from specchat.models.hardware import system_facts
 
     return system_facts()
 
@@ -179,7 +179,7 @@ def parse_system_info(text: str) -> dict[str, dict[str, str]]:
 
 def llama_cpp_facts() -> dict[str, Any]:
     """The llama.cpp build: can it offload to a GPU (which), which SIMD paths the CPU backend has."""
-    from specchat import engine
+    from specchat.llama import engine
 
     info = engine.backend_info()
     system_info = str(info.get("system_info", ""))
@@ -219,7 +219,7 @@ def llama_cpp_facts() -> dict[str, Any]:
 def build_check_facts() -> dict[str, Any]:
     """The stored verdict of `make install`'s llama.cpp self-check for the installed build (never runs
     the probe: that takes seconds and, on a bad build, a crashing child process)."""
-    from specchat import buildcheck
+    from specchat.llama import buildcheck
 
     ident = buildcheck.build_identity()
     result = buildcheck.stored_result(ident)
@@ -227,7 +227,7 @@ def build_check_facts() -> dict[str, Any]:
     if result is None:
         out.update(
             status="not checked",
-            detail="this build was not checked yet: run `python -m specchat.buildcheck check` "
+            detail="this build was not checked yet: run `python -m specchat.llama.buildcheck check` "
             "(`make install` does)",
             checked_at=None,
             buffers=[],
@@ -278,7 +278,7 @@ def dir_usage(path: Path, *, limit: int = WALK_LIMIT) -> dict[str, Any]:
 
 def cache_facts() -> dict[str, Any]:
     """Each cache location specchat uses (see hub.cache_dirs), whether it exists and what it holds."""
-    from specchat import hub
+    from specchat.models import hub
 
     out: dict[str, Any] = {}
     for key, path in hub.cache_dirs().items():
@@ -291,7 +291,7 @@ def cache_facts() -> dict[str, Any]:
 
 def _cached_gguf_files() -> list[Path]:
     """GGUF files in the HF hub cache (snapshot links) and in specchat's mirror cache."""
-    from specchat import hub
+    from specchat.models import hub
 
     dirs = hub.cache_dirs()
     found: list[Path] = []
@@ -311,9 +311,9 @@ def cached_models() -> dict[str, Any]:
     Each file's header is read (not its weights) for its name, architecture and quantisation, and to
     flag a truncated download. A broken models.toml is reported, not fatal.
     """
-    from specchat import hub
     from specchat.errors import SpecchatError
-    from specchat.registry import load_registry, resolve
+    from specchat.models import hub
+    from specchat.models.registry import load_registry, resolve
 
     alias_of: dict[str, str] = {}
     registry_path: str | None = None
@@ -342,7 +342,7 @@ def cached_models() -> dict[str, Any]:
 
 def _model_row(path: Path, alias: str | None) -> dict[str, Any]:
     from specchat.errors import SpecchatError
-    from specchat.gguf_meta import read_gguf
+    from specchat.models.gguf import read_gguf
 
     row: dict[str, Any] = {
         "alias": alias,
@@ -375,7 +375,7 @@ def _model_row(path: Path, alias: str | None) -> dict[str, Any]:
 
 def hub_facts(*, probe: bool = True, timeout: float = HUB_TIMEOUT) -> dict[str, Any]:
     """The Hub endpoint and whether it answers; offline settings are respected (no probe at all)."""
-    from specchat import hub
+    from specchat.models import hub
 
     out: dict[str, Any] = {
         "endpoint": hub.hf_endpoint(),
@@ -417,7 +417,7 @@ def _cell(value: object) -> str:
 
 
 def _size(n: int | None) -> str:
-    from specchat.hub import human_size
+    from specchat.models.hub import human_size
 
     return "?" if n is None else human_size(n)
 

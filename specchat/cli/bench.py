@@ -21,8 +21,10 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from .cli_common import check_range, err_console, guarded, load_models, out_console
-from .cli_options import (
+from ..errors import BadInput
+from ..llama.reference import find_program
+from .common import check_range, err_console, guarded, load_models, out_console
+from .options import (
     NGRAM,
     CtxOpt,
     DraftGpuOpt,
@@ -39,12 +41,10 @@ from .cli_options import (
     VerboseOpt,
     default_drafts,
 )
-from .errors import BadInput
-from .llama_ref import find_program
 
 if TYPE_CHECKING:
-    from .bench import BenchPrompt, BenchResult, Config, PreparedPrompt, Reference, ServerModel
-    from .loader import Loaded
+    from ..bench import BenchPrompt, BenchResult, Config, PreparedPrompt, Reference, ServerModel
+    from ..models.loader import Loaded
 
 EXPORT_FORMATS = ("llama-server", "vllm")
 BAR_WIDTH = 36
@@ -150,7 +150,7 @@ def bench(
 
     The user-facing help is BENCH_HELP (Typer keeps a docstring's line breaks, which wrap badly).
     """
-    from . import bench as core
+    from .. import bench as core
 
     # the bench is greedy: the sampling options keep their defaults
     opts = Options(
@@ -237,8 +237,8 @@ def _save(path: str, doc: str) -> None:
 def _references(exe: Path, loaded: Loaded, max_tokens: int, opts: Options) -> dict[str, Reference]:
     """llama.cpp's n-gram modes as bench references: each runs its program on the prompt's text as
     specchat decodes it (template applied, special tokens written out), with the same threads."""
-    from .hardware import physical_cores
-    from .llama_ref import REFERENCE_MODES, run_reference
+    from ..llama.reference import REFERENCE_MODES, run_reference
+    from ..models.hardware import physical_cores
 
     target = loaded.target
     threads = opts.threads or physical_cores()
@@ -264,8 +264,8 @@ def bench_drafts(target: str) -> tuple[str, ...]:
 
 def _prepare(loaded: Loaded, suite: list[BenchPrompt], max_tokens: int, err: Console) -> list[PreparedPrompt]:
     """Each prompt through the target's chat template, checked to fit with its answer in the context."""
-    from .bench import PreparedPrompt
-    from .loader import chat_prompt
+    from ..bench import PreparedPrompt
+    from ..models.loader import chat_prompt
 
     target = loaded.target
     out = []
@@ -289,7 +289,7 @@ def _prepare(loaded: Loaded, suite: list[BenchPrompt], max_tokens: int, err: Con
 
 def _meta(loaded: Loaded, drafts: tuple[str, ...]) -> dict[str, object]:
     """Where and with what the numbers were measured, for the JSON document and the report header."""
-    from .engine import backend_info
+    from ..llama.engine import backend_info
 
     target = loaded.target
     info = backend_info()
@@ -324,7 +324,7 @@ def _run_with_progress(
     """Run the benchmark with a progress bar on stderr when it is a terminal (silent otherwise)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from .bench import run_bench
+    from ..bench import run_bench
 
     def go(progress: Callable[[int, int, str], None] | None = None) -> BenchResult:
         return run_bench(
@@ -341,6 +341,7 @@ def _run_with_progress(
             exact_rows=loaded.exact_rows,
             references=references,
             strict=loaded.strict,
+            backend=loaded.backend,
         )
 
     if not err.is_terminal:
@@ -363,10 +364,10 @@ def _run_with_progress(
 
 def _print_export(fmt: str, opts: Options, drafts: tuple[str, ...], *, err: Console) -> None:
     """The server command line on stdout (copy-pasteable), notes about it on stderr."""
-    from .bench import llama_server_command
-    from .drafters import NgramDrafter
-    from .export import vllm_command
-    from .tuning import K_MAX
+    from ..bench import llama_server_command
+    from ..decoding.drafters import NgramDrafter
+    from ..decoding.planner import K_MAX
+    from ..export import vllm_command
 
     target = _server_model(opts.target)
     models = [_server_model(d) for d in drafts if d != NGRAM]
@@ -402,9 +403,9 @@ def _print_export(fmt: str, opts: Options, drafts: tuple[str, ...], *, err: Cons
 def _server_model(spec: str) -> ServerModel:
     """A model reference as llama-server should see it: the local file when there is one (never
     downloading anything), else the Hub repository llama-server can fetch itself."""
-    from . import hub
-    from .bench import ServerModel
-    from .registry import load_registry, resolve
+    from ..bench import ServerModel
+    from ..models import hub
+    from ..models.registry import load_registry, resolve
 
     ref = resolve(spec, load_registry())
     if ref.path is not None:

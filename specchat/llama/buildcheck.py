@@ -9,17 +9,17 @@ writes a tiny llama GGUF whose weights are Q4_0, Q8_0 and Q4_K with shapes those
 (see `PROBE_SHAPES`), evaluates it with extra buffers on at 1 row (GEMV) and 16 rows (GEMM, AMX tiles)
 and compares with the same model loaded without extra buffers (the plain ggml kernels).
 
-The probe runs in a child process (`python -m specchat.buildcheck probe`), so an illegal instruction
+The probe runs in a child process (`python -m specchat.llama.buildcheck probe`), so an illegal instruction
 kills the child, not the caller; the parent turns the exit status and the child's JSON into a verdict:
 pass, wrong numbers, crashed, or could not run. The verdict is stored under the build's identity
 (library files' paths, sizes and mtimes; llama-cpp-python's version), so a rebuild makes it stale.
 
-`python -m specchat.buildcheck install` is the end of `make install`: on a failed check it rebuilds
+`python -m specchat.llama.buildcheck install` is the end of `make install`: on a failed check it rebuilds
 llama-cpp-python (same version, no wheel cache, explicit x86 flags from /proc/cpuinfo, never AMX, the
 user's CMAKE_ARGS kept) and checks again. At run time nothing is probed: `refuse_known_bad()` reads the
 stored verdict, and a build known to be bad is refused with one line saying how to fix it.
 
-This module never imports llama_cpp itself: the child uses specchat.engine, and the parent identifies
+This module never imports llama_cpp itself: the child uses specchat.llama.engine, and the parent identifies
 the build from the files on disk.
 """
 
@@ -43,8 +43,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import store
-from .errors import EngineError
+from .. import store
+from ..errors import EngineError
 
 CHECK_NAME = "quantised-matmul self-check (Q4_0, Q8_0, Q4_K through llama.cpp's CPU extra buffers)"
 PASS, WRONG, CRASHED, NOT_RUN = "pass", "wrong numbers", "crashed", "could not run"
@@ -277,7 +277,7 @@ def _run_child(argv: Sequence[str], timeout: float) -> tuple[int | None, str, st
 
 
 def probe_command() -> list[str]:
-    return [sys.executable, "-m", "specchat.buildcheck", "probe"]
+    return [sys.executable, "-m", "specchat.llama.buildcheck", "probe"]
 
 
 def run_check(
@@ -632,7 +632,7 @@ def _probe_main(types: Iterable[str] = PROBE_TYPES) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m specchat.buildcheck probe | check | install [--dry-run]`."""
+    """`python -m specchat.llama.buildcheck probe | check | install [--dry-run]`."""
     args = list(sys.argv[1:] if argv is None else argv)
     command = args[0] if args else "check"
     if command == "probe":
@@ -643,7 +643,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1 if result.bad else 0
     if command == "install":
         return install(dry_run="--dry-run" in args[1:])
-    print(f"usage: python -m specchat.buildcheck probe|check|install [--dry-run] (got {command!r})")
+    print(f"usage: python -m specchat.llama.buildcheck probe|check|install [--dry-run] (got {command!r})")
     return 2
 
 

@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from .cli_common import check_range
-from .errors import BadInput
+from ..errors import BadInput
+from .common import check_range
 
 if TYPE_CHECKING:
-    from .loader import LoadConfig
-    from .sampling import SamplingParams
+    from ..decoding.sampling import SamplingParams
+    from ..models.loader import LoadConfig
 
 NGRAM = "ngram"  # the model-free drafter's name on the command line (loader.NGRAM)
 
@@ -128,7 +128,7 @@ def default_drafts(target: str) -> tuple[str, ...]:
     registry gets n-gram lookup alone. The one place that decides it, for every command. hf: and
     ORG/REPO:QUANT targets that are in the registry count too, since `resolve` finds their alias.
     """
-    from .registry import load_registry, resolve
+    from ..models.registry import load_registry, resolve
 
     reg = load_registry()
     ref = resolve(target, reg)
@@ -180,7 +180,7 @@ class Options:
 
     @property
     def params(self) -> SamplingParams:
-        from .sampling import SamplingParams
+        from ..decoding.sampling import SamplingParams
 
         return SamplingParams(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)
 
@@ -188,7 +188,7 @@ class Options:
     def draft_p_min(self) -> float:
         """The draft confidence cut-off to load with: the user's, else the one for this temperature
         (none under -k auto, where the planner prices each further draft token)."""
-        from .drafters import default_p_min
+        from ..decoding.drafters import default_p_min
 
         return self.p_min if self.p_min is not None else default_p_min(self.params, auto=self.k is None)
 
@@ -210,7 +210,7 @@ class Options:
 
     def load_config(self, drafts: tuple[str, ...]) -> LoadConfig:
         """What `loader.load` needs for these options and the chosen drafts."""
-        from .loader import LoadConfig
+        from ..models.loader import LoadConfig
 
         return LoadConfig(
             target=self.target,

@@ -1,0 +1,133 @@
+"""The package layout's import rules, checked on the source (every import, lazy ones inside functions
+and `if TYPE_CHECKING:` blocks included).
+
+- only `specchat/llama/` imports llama_cpp;
+- `specchat/decoding/` imports nothing of llama, models, server, cli or bench (engines reach it through
+  the `decoding.model.Model` protocol);
+- `specchat/server/` imports neither `specchat.llama` nor llama_cpp;
+- the foundations (`errors`, `store`, `terminal`) import no other part of specchat;
+- the parts of specchat (its sub-packages and top-level modules) import each other without a cycle.
+"""
+
+from __future__ import annotations
+
+import ast
+import itertools
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "specchat"
+FOUNDATIONS = {"errors", "store", "terminal"}
+
+
+def module_name(path: Path) -> str:
+    parts = ["specchat", *path.relative_to(PACKAGE).with_suffix("").parts]
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports(path: Path) -> Iterator[tuple[int, str]]:
+    """(line, absolute module name) for every import statement in the file, wherever it is."""
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                target = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                target = node.module or ""
+            yield node.lineno, target
+            if target == "specchat" or (node.level and not node.module):  # `from . import hub`
+                for alias in node.names:
+                    yield node.lineno, f"{target}.{alias.name}"
+
+
+MODULES = sorted(PACKAGE.rglob("*.py"))
+IMPORTS = [(path, line, target) for path in MODULES for line, target in imports(path)]
+
+
+def part(module: str) -> str | None:
+    """The part of specchat a module belongs to: its sub-package or top-level module."""
+    pieces = module.split(".")
+    return pieces[1] if pieces[0] == "specchat" and len(pieces) > 1 else None
+
+
+def where(path: Path, line: int) -> str:
+    return f"{path.relative_to(PACKAGE.parent)}:{line}"
+
+
+def assert_none(rule: Callable[[Path, str], bool], what: str) -> None:
+    """Fail naming every import that breaks the rule (file, line and what it imports)."""
+    bad = [f"{where(p, line)} imports {target}" for p, line, target in IMPORTS if rule(p, target)]
+    assert not bad, f"{what}:\n  " + "\n  ".join(bad)
+
+
+def test_the_walk_sees_the_package():
+    names = {module_name(p) for p in MODULES}
+    assert {"specchat.decoding.loop", "specchat.llama.engine", "specchat.server.app"} <= names
+    assert any(t == "llama_cpp" for _p, _l, t in IMPORTS)
+
+
+def in_part(path: Path, name: str) -> bool:
+    return part(module_name(path)) == name
+
+
+def is_llama_cpp(target: str) -> bool:
+    return target == "llama_cpp" or target.startswith("llama_cpp.")
+
+
+def test_only_the_llama_package_imports_llama_cpp():
+    assert_none(lambda p, t: is_llama_cpp(t) and not in_part(p, "llama"), "llama_cpp outside specchat/llama")
+
+
+def test_decoding_imports_no_engine_models_server_cli_or_bench():
+    banned = {"llama", "models", "server", "cli", "bench"}
+    assert_none(
+        lambda p, t: in_part(p, "decoding") and (part(t) in banned or is_llama_cpp(t)),
+        "specchat/decoding may import only the foundations and itself",
+    )
+
+
+def test_server_imports_no_engine():
+    assert_none(
+        lambda p, t: in_part(p, "server") and (part(t) == "llama" or is_llama_cpp(t)),
+        "specchat/server must not import the engine",
+    )
+
+
+def test_foundations_import_no_other_part():
+    def rule(p: Path, t: str) -> bool:
+        here = part(module_name(p))
+        return here in FOUNDATIONS and part(t) is not None and part(t) not in FOUNDATIONS
+
+    assert_none(rule, "the foundations (errors, store, terminal) import no other part of specchat")
+
+
+def test_parts_import_each_other_without_a_cycle():
+    edges: dict[str, dict[str, str]] = {}  # part -> {imported part: one import that makes the edge}
+    for p, line, target in IMPORTS:
+        src, dst = part(module_name(p)), part(target)
+        if src and dst and src != dst:
+            edges.setdefault(src, {}).setdefault(dst, f"{where(p, line)} imports {target}")
+
+    state: dict[str, str] = {}
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = "open"
+        for nxt in edges.get(node, {}):
+            if state.get(nxt) == "open":
+                cycle = [*stack[stack.index(nxt) :], nxt] if nxt in stack else [node, nxt]
+                links = [edges[a][b] for a, b in itertools.pairwise(cycle)]
+                pytest.fail("import cycle " + " -> ".join(cycle) + ":\n  " + "\n  ".join(links))
+            if nxt not in state:
+                visit(nxt, [*stack, nxt])
+        state[node] = "done"
+
+    for start in sorted(edges):
+        if start not in state:
+            visit(start, [start])
