@@ -2,21 +2,26 @@
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
-# CMAKE_ARGS passes through to llama-cpp-python's build: CMAKE_ARGS="-DGGML_CUDA=on" make install
-# gives a CUDA build; on macOS arm64 llama.cpp builds with Metal by default. The install ends with a
-# self-check of the llama.cpp build (quantised matmuls in a child process); a build that crashes or
-# computes wrong numbers is rebuilt once for this CPU (no -march=native, no AMX, no pip wheel cache).
+# llama-cpp-python is the pinned release with specchat's patch queue (patches/llama.cpp: verify batches
+# round like one-token decoding) applied to its vendored llama.cpp, built once into a wheel cache
+# (~/.cache/specchat/llama-cpp-python; about 15 minutes on 2 cores) and reinstalled from there.
+# CMAKE_ARGS passes through to that build: CMAKE_ARGS="-DGGML_CUDA=on" make install gives a CUDA build;
+# on macOS arm64 llama.cpp builds with Metal by default. The install ends with a self-check of the build
+# (quantised matmuls in a child process, then the batch-invariance probe); a build that crashes or
+# computes wrong numbers is rebuilt once for this CPU (no -march=native, no AMX, no cached wheel).
 export CMAKE_ARGS
+PATCHES := $(wildcard patches/llama.cpp/*.patch)
 
 .PHONY: install test test-slow lint demo bench stress clean
 
-$(BIN)/specchat: pyproject.toml
-	$(PYTHON) -m venv $(VENV)
+$(BIN)/specchat: pyproject.toml $(PATCHES) specchat/llama/build.py
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/python -m specchat.llama.build install
 	$(BIN)/pip install -e '.[dev]'
 	@touch $@
 
-# The llama.cpp build self-check (specchat/llama/buildcheck.py), once per venv and again until it passes.
+# The llama.cpp build self-check (specchat/llama/buildcheck.py), once per build and again until it passes.
 $(VENV)/.buildcheck: $(BIN)/specchat
 	$(BIN)/python -m specchat.llama.buildcheck install
 	@touch $@
