@@ -33,7 +33,6 @@ import os
 import platform
 import shlex
 import signal
-import struct
 import subprocess
 import sys
 import tempfile
@@ -45,6 +44,8 @@ from typing import Any
 
 from .. import store
 from ..errors import EngineError
+from . import build, invariance
+from .probe_model import PROBE_SHAPES, write_probe_gguf
 
 CHECK_NAME = "quantised-matmul self-check (Q4_0, Q8_0, Q4_K through llama.cpp's CPU extra buffers)"
 PASS, WRONG, CRASHED, NOT_RUN = "pass", "wrong numbers", "crashed", "could not run"
@@ -60,12 +61,6 @@ TOLERANCE = 0.25
 PROBE_TIMEOUT = 180.0
 PROBE_ROWS = 16
 PROBE_TYPES = ("Q4_0", "Q8_0", "Q4_K")
-#: Every weight matrix of the probe model has rows and columns that are multiples of 256: Q4_K blocks
-#: span 256 columns (QK_K), the x86 repack kernels want row counts divisible by 8 and the AMX kernels
-#: output widths divisible by 32 (TILE_N * 2) and inputs divisible by 32 or 256 (ggml-cpu/amx/amx.cpp
-#: supports_op, ggml-cpu/repack.cpp ggml_repack_get_optimal_repack_type). The vocab (288) is the one
-#: output dimension that is not, but it is still a multiple of 32.
-PROBE_SHAPES = {"n_embd": 256, "n_ff": 512, "n_head": 4, "n_vocab": 288, "n_ctx": 64}
 
 _SIGNAL_EXIT = 128  # a shell reports "killed by signal N" as 128 + N
 #: signals that mean the build itself failed (not all exist on Windows)
@@ -115,6 +110,13 @@ class CheckResult:
     checked_at: float = 0.0
     buffers: tuple[str, ...] = ()  # extra buffer types the probe reached (CPU_REPACK, AMX, ...)
     cases: tuple[dict[str, Any], ...] = field(default=())
+    #: the batch-invariance probe's verdict (invariance.to_row), {} when it was not run
+    invariance: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def exactness(self) -> invariance.Invariance | None:
+        """Whether verify batches round like one-token decoding on this build (None: not probed)."""
+        return invariance.from_row(self.invariance) if self.invariance else None
 
     @property
     def bad(self) -> bool:
@@ -144,9 +146,19 @@ def stored_result(identity: dict[str, Any] | None = None) -> CheckResult | None:
             checked_at=float(row.get("checked_at", 0.0)),
             buffers=tuple(row.get("buffers", ())),
             cases=tuple(row.get("cases", ())),
+            invariance=dict(row.get("invariance") or {}),
         )
     except (KeyError, TypeError, ValueError):
         return None
+
+
+def verified_exact_rows(identity: dict[str, Any] | None = None) -> int:
+    """Verify batches of up to this many rows equal one-token decoding bit for bit on the installed
+    build, as its stored batch-invariance probe showed for every weight type (0: not shown). Never
+    probes; the loaded target's calibration confirms it (decoding.calibration.exact_rows)."""
+    result = stored_result(identity)
+    verdict = result.exactness if result is not None else None
+    return verdict.exact_rows if verdict is not None and verdict.passed else 0
 
 
 def record(result: CheckResult, *, keep: int = 8) -> None:
@@ -287,11 +299,16 @@ def run_check(
     identity: dict[str, Any] | None = None,
     store: bool = True,
     timeout: float = PROBE_TIMEOUT,
+    exactness: Callable[[], invariance.Invariance] | None = None,
 ) -> CheckResult:
-    """Probe the installed build in a child process, decide, and (by default) record the verdict."""
+    """Probe the installed build in a child process, decide, and (by default) record the verdict.
+
+    `exactness` (e.g. invariance.run_probe) also runs the batch-invariance probe when the build
+    passed, and stores its verdict with this one (make install and `check` do; tests need not)."""
     ident = identity or build_identity()
     returncode, out, err = runner(list(command or probe_command()), timeout)
     status, detail, cases = decide(returncode, out, err)
+    exact = exactness() if exactness is not None and status == PASS else None
     result = CheckResult(
         status=status,
         detail=detail,
@@ -300,6 +317,7 @@ def run_check(
         checked_at=time.time(),
         buffers=seen_buffers(err),
         cases=cases,
+        invariance=invariance.to_row(exact) if exact is not None else {},
     )
     if store:
         record(result)
@@ -350,6 +368,8 @@ def rebuild_command(
     version: str, *, cpuinfo: str, cmake_args: str, python: str = sys.executable, x86: bool = True
 ) -> tuple[list[str], dict[str, str]]:
     """(argv, extra environment) to rebuild llama-cpp-python `version` from source for this CPU.
+    A patched build (`version` 0.3.36+specchat.<queue>) is rebuilt by specchat.llama.build, whose
+    wheel cache is keyed by CMAKE_ARGS, so the wheel that failed is not handed back either.
 
     `--no-cache-dir` because pip's wheel cache would hand back the wheel that failed, whatever the
     flags; `--no-binary` so a prebuilt wheel on an extra index cannot stand in either. On x86 the
@@ -361,6 +381,8 @@ def rebuild_command(
         flags = [*cmake_flags(cpuinfo), *user]
     else:
         flags = shlex.split(cmake_args)
+    if f"+{build.LOCAL_TAG}." in version:  # specchat's patched build: rebuild it, patches and all
+        return [python, "-m", "specchat.llama.build", "install", "--force"], {"CMAKE_ARGS": " ".join(flags)}
     argv = [python, "-m", "pip", "install", "--no-cache-dir", "--force-reinstall", "--no-deps"]
     argv += ["--no-binary", "llama-cpp-python", f"llama-cpp-python=={version}"]
     return argv, {"CMAKE_ARGS": " ".join(flags)}
@@ -384,7 +406,7 @@ def can_rebuild(system: str | None = None, machine: str | None = None) -> bool:
 def install(
     *,
     dry_run: bool = False,
-    check: Callable[[], CheckResult] = run_check,
+    check: Callable[[], CheckResult] | None = None,
     rebuild: Callable[[list[str], dict[str, str]], int] | None = None,
     say: Callable[[str], None] = print,
     cpuinfo: str | None = None,
@@ -396,8 +418,12 @@ def install(
     Returns the exit status: 0 when the build passed (or the probe could not run, which is reported
     but does not block an install), 1 when a bad build remains.
     """
+    check = check or full_check
     result = check()
     say(result.line())
+    verdict = result.exactness
+    if verdict is not None:
+        say(verdict.line())
     if not result.bad and not dry_run:
         return 0
     version = result.version or build_identity()["version"]
@@ -436,6 +462,11 @@ def install(
     return 1
 
 
+def full_check() -> CheckResult:
+    """The self-check and, when it passes, the batch-invariance probe: what `make install` runs."""
+    return run_check(exactness=invariance.run_probe)
+
+
 def _no_avx512(cmake_args: str) -> str:
     return " ".join(
         a.replace("=ON", "=OFF") if a.startswith("-DGGML_AVX512") else a for a in cmake_args.split()
@@ -461,128 +492,6 @@ def _pip(argv: list[str], env: dict[str, str]) -> int:
 
 # --------------------------------------------------------------------------------------------------------
 # The probe model and the child process
-
-_GGML = {"F32": (0, 1, 4), "Q4_0": (2, 32, 18), "Q8_0": (8, 32, 34), "Q4_K": (12, 256, 144)}
-_FILE_TYPE = {"Q4_0": 2, "Q8_0": 7, "Q4_K": 15}
-
-
-def _blocks(qtype: str, n_out: int, n_in: int, rng: Any, gain: float = 1.0) -> bytes:
-    """Random quantised blocks for an (n_out, n_in) matrix with weights of std ~ gain / sqrt(n_in).
-
-    The quants are random bytes; only the f16 scales are set, so every value decodes to a finite
-    number. (The probe compares llama.cpp with itself, so it needs no float weights to start from.)
-    """
-    import numpy as np
-
-    _, block, size = _GGML[qtype]
-    n_blocks = n_out * n_in // block
-    raw = rng.integers(0, 256, size=(n_blocks, size), dtype=np.uint8)
-    spread = {"Q4_0": 4.6, "Q8_0": 73.0, "Q4_K": 261.0}[qtype]  # std of one block's decoded integers
-    d = np.full(n_blocks, gain / (spread * np.sqrt(n_in)), dtype=np.float16)
-    raw[:, 0:2] = d.view(np.uint8).reshape(-1, 2)
-    if qtype == "Q4_K":  # w = d * scale * q - dmin * min: dmin = 7.5 d centres the weights on zero
-        raw[:, 2:4] = (d * np.float16(7.5)).view(np.uint8).reshape(-1, 2)
-    return raw.tobytes()
-
-
-def _gguf_string(text: str) -> bytes:
-    data = text.encode()
-    return struct.pack("<Q", len(data)) + data
-
-
-def _gguf_kv(key: str, value: Any) -> bytes:
-    """One GGUF metadata pair: strings, u32 ints, f32 floats, bools, and arrays of str / i32 / f32."""
-    head = _gguf_string(key)
-    if isinstance(value, bool):
-        return head + struct.pack("<IB", 7, value)
-    if isinstance(value, int):
-        return head + struct.pack("<II", 4, value)
-    if isinstance(value, float):
-        return head + struct.pack("<If", 6, value)
-    if isinstance(value, str):
-        return head + struct.pack("<I", 8) + _gguf_string(value)
-    items = list(value)
-    if all(isinstance(v, str) for v in items):
-        return head + struct.pack("<IIQ", 9, 8, len(items)) + b"".join(_gguf_string(v) for v in items)
-    if all(isinstance(v, int) for v in items):
-        return head + struct.pack("<IIQ", 9, 5, len(items)) + struct.pack(f"<{len(items)}i", *items)
-    return head + struct.pack("<IIQ", 9, 6, len(items)) + struct.pack(f"<{len(items)}f", *items)
-
-
-def write_probe_gguf(path: Path, qtype: str, *, seed: int = 0) -> Path:
-    """A one-layer llama GGUF whose every matmul weight is `qtype` (see PROBE_SHAPES), with a
-    SentencePiece vocab of byte tokens; written directly (GGUF v3) so the probe needs no `gguf` package."""
-    import numpy as np
-
-    s = PROBE_SHAPES
-    n_embd, n_ff, n_vocab = s["n_embd"], s["n_ff"], s["n_vocab"]
-    rng = np.random.default_rng(seed)
-    tokens = ["<unk>", "<s>", "</s>", *(f"<0x{b:02X}>" for b in range(256))]
-    tokens += [f"[pad{i}]" for i in range(n_vocab - len(tokens))]
-    types = [2, 3, 3] + [6] * 256 + [1] * (n_vocab - 259)  # unknown, control, byte, normal
-    meta: dict[str, Any] = {
-        "general.architecture": "llama",
-        "general.name": f"specchat-buildcheck-{qtype}",
-        "general.file_type": _FILE_TYPE[qtype],
-        "general.alignment": 32,
-        "llama.context_length": s["n_ctx"],
-        "llama.embedding_length": n_embd,
-        "llama.block_count": 1,
-        "llama.feed_forward_length": n_ff,
-        "llama.attention.head_count": s["n_head"],
-        "llama.attention.head_count_kv": s["n_head"],
-        "llama.rope.dimension_count": n_embd // s["n_head"],
-        "llama.attention.layer_norm_rms_epsilon": 1e-5,
-        "llama.vocab_size": n_vocab,
-        "tokenizer.ggml.model": "llama",
-        "tokenizer.ggml.tokens": tokens,
-        "tokenizer.ggml.scores": [0.0] * n_vocab,
-        "tokenizer.ggml.token_type": types,
-        "tokenizer.ggml.bos_token_id": 1,
-        "tokenizer.ggml.eos_token_id": 2,
-        "tokenizer.ggml.unknown_token_id": 0,
-    }
-
-    def f32(*shape: int) -> tuple[str, tuple[int, ...], bytes]:
-        return "F32", shape, (1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32).tobytes()
-
-    def q(n_out: int, n_in: int, gain: float = 1.0) -> tuple[str, tuple[int, ...], bytes]:
-        return qtype, (n_in, n_out), _blocks(qtype, n_out, n_in, rng, gain)  # ggml lists dims inner first
-
-    tensors = {
-        "token_embd.weight": (
-            "F32",
-            (n_embd, n_vocab),
-            rng.standard_normal((n_vocab, n_embd), np.float32).tobytes(),
-        ),
-        "blk.0.attn_norm.weight": f32(n_embd),
-        "blk.0.attn_q.weight": q(n_embd, n_embd, 2.0),
-        "blk.0.attn_k.weight": q(n_embd, n_embd, 2.0),
-        "blk.0.attn_v.weight": q(n_embd, n_embd),
-        "blk.0.attn_output.weight": q(n_embd, n_embd),
-        "blk.0.ffn_norm.weight": f32(n_embd),
-        "blk.0.ffn_gate.weight": q(n_ff, n_embd),
-        "blk.0.ffn_up.weight": q(n_ff, n_embd),
-        "blk.0.ffn_down.weight": q(n_embd, n_ff),
-        "output_norm.weight": f32(n_embd),
-        "output.weight": q(n_vocab, n_embd, 4.0),
-    }
-    header = b"GGUF" + struct.pack("<IQQ", 3, len(tensors), len(meta))
-    header += b"".join(_gguf_kv(k, v) for k, v in meta.items())
-    offset, infos, datas = 0, [], []
-    for name, (kind, shape, data) in tensors.items():
-        infos.append(
-            _gguf_string(name)
-            + struct.pack(f"<I{len(shape)}Q", len(shape), *shape)
-            + struct.pack("<IQ", _GGML[kind][0], offset)
-        )
-        pad = -len(data) % 32
-        datas.append(data + b"\0" * pad)
-        offset += len(data) + pad
-    header += b"".join(infos)
-    header += b"\0" * (-len(header) % 32)
-    path.write_bytes(header + b"".join(datas))
-    return path
 
 
 def _evaluate(
@@ -638,8 +547,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if command == "probe":
         return _probe_main()
     if command == "check":
-        result = run_check()
+        result = full_check()
         print(result.line())
+        if result.exactness is not None:
+            print(result.exactness.line())
         return 1 if result.bad else 0
     if command == "install":
         return install(dry_run="--dry-run" in args[1:])
