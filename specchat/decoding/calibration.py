@@ -156,11 +156,14 @@ def cached_curve_is_stale(model: Model, cached: Sequence[float]) -> bool:
     return any(cached[n - 1] > STALE * live[n - 1] and cached[n - 1] - live[n - 1] > 1e-3 for n in sizes)
 
 
-def exact_batch(model: Model, n_max: int, *, filler: int = 16) -> int:
+def exact_batch(model: Model, n_max: int, *, filler: int = 16, widths: Sequence[int] | None = None) -> int:
     """Largest n <= n_max for which decoding n tokens in one batch gives exactly the logits of decoding
-    them one at a time. Backends switch matmul kernels by batch size (llama.cpp's CPU backend: at 4
-    rows with repacked weights, at 8 without), and only below the switch is greedy speculation
-    bit-for-bit the target's own one-token output. Returns 1 when no batch is exact (most GPUs)."""
+    them one at a time. Backends switch matmul kernels by batch size (stock llama.cpp's CPU backend: at
+    4 rows with repacked weights, at 8 without), and only below the switch is greedy speculation
+    bit-for-bit the target's own one-token output. Returns 1 when no batch is exact (most GPUs).
+
+    `widths` (ascending) checks only those batch sizes, up to the first that parts: a build whose
+    invariance probe covered every size needs only a few on the real target to confirm it."""
     base = list(model.tokens)
     probe = [t % model.n_vocab for t in range(200, 200 + filler + n_max)]
     if not base:
@@ -170,7 +173,9 @@ def exact_batch(model: Model, n_max: int, *, filler: int = 16) -> int:
     singles = np.stack([np.array(model.decode([t], [0])[0], copy=True) for t in toks])
     model.truncate(start)
     exact = 1
-    for n in range(2, n_max + 1):
+    for n in widths if widths is not None else range(2, n_max + 1):
+        if n > n_max:
+            break
         rows = np.array(model.decode(toks[:n], list(range(n))), copy=True)
         model.truncate(start)
         if not np.array_equal(rows, singles[:n]):
@@ -224,12 +229,32 @@ def batch_noise(
     return worst
 
 
-#: exactness is probed up to this batch size; a backend exact that far is taken as exact beyond it
+#: exactness is probed up to this batch size on a build whose invariance was not shown
 EXACT_PROBE = 16
+#: the batch sizes that confirm on the loaded target what the build's invariance probe showed: each
+#: kernel switch stock llama.cpp has (4, 8, 64 rows; FA tiles at 64) and the largest verify batch
+CONFIRM_WIDTHS = (2, 3, 4, 5, 7, 8, 9, 16, 17, 32, 33, K_MAX + 1)
 
 
-def exact_rows(target: Model, *, k_max: int = K_MAX, backend: str = "", use_cache: bool = True) -> int:
-    """`exact_batch` for this target, from the calibration cache when measured before."""
+def exact_rows(
+    target: Model, *, k_max: int = K_MAX, backend: str = "", use_cache: bool = True, verified: int = 0
+) -> int:
+    """`exact_batch` for this target, from the calibration cache when measured before.
+
+    `verified`: the installed build's batch-invariance probe (llama.invariance, run by make install)
+    showed every batch of up to this many rows exact for every weight type. When that covers the
+    largest verify batch (k_max + 1), the loaded target confirms it at CONFIRM_WIDTHS -- its own
+    weights, threads and backend (a GPU offload parts here) -- and, exact at all of them, every verify
+    batch is trusted: k_max + 1 is returned. Otherwise it is measured row by row up to EXACT_PROBE."""
+    if verified >= k_max + 1:
+        wide = _cached(
+            "exact-wide:" + _key(target, f"{backend}:{k_max + 1}"),
+            lambda v: isinstance(v, int),
+            lambda: exact_batch(target, k_max + 1, widths=sorted({*CONFIRM_WIDTHS, k_max + 1})),
+            use_cache,
+        )
+        if wide >= k_max + 1:
+            return int(wide)
     return _cached(  # type: ignore[no-any-return]
         "exact:" + _key(target, f"{backend}:{min(k_max + 1, EXACT_PROBE)}"),
         lambda v: isinstance(v, int),
@@ -293,8 +318,10 @@ def calibrate(
     k_max: int = K_MAX,
     backend: str = "",
     use_cache: bool = True,
+    verified: int = 0,
 ) -> Costs:
-    """Measured costs, from the on-disk cache when the same files/hardware were measured before."""
+    """Measured costs, from the on-disk cache when the same files/hardware were measured before.
+    `verified`: rows the build's invariance probe showed exact (see exact_rows)."""
     n = k_max + 1
     notes: list[str] = []
     key = "verify:" + _key(target, f"{backend}:{k_max}")
@@ -311,7 +338,7 @@ def calibrate(
         if use_cache and trustworthy:
             cache[key] = verify
             store.write_json(path, cache)
-    exact_n = exact_rows(target, k_max=k_max, backend=backend, use_cache=use_cache)
+    exact_n = exact_rows(target, k_max=k_max, backend=backend, use_cache=use_cache, verified=verified)
     draft: list[float] = []
     catch_up: list[float] = []
     for dm in draft_models:

@@ -420,7 +420,8 @@ def make_planner(loaded: object, k: int | None, *, seed: int | None = None):  # 
 
     With a seed, the planner's choices must not depend on timing (they decide how the sampler's random
     stream is consumed), so costs stay at their cached calibration and exploration uses the seed.
-    `loaded.backend` (the engine's system info, when it has one) keys the calibration cache.
+    `loaded.backend` (the engine's system info and build, when it has one) keys the calibration
+    cache; `loaded.verified_rows` is what the build's invariance probe showed (calibration.exact_rows).
     """
     from .drafters import ModelDrafter
     from .loop import FixedK
@@ -429,7 +430,12 @@ def make_planner(loaded: object, k: int | None, *, seed: int | None = None):  # 
     if k is not None or not drafters:
         return FixedK(k if k is not None else 0)
     models = [d.model if isinstance(d, ModelDrafter) else None for d in drafters]
-    costs = calibrate(loaded.target, models, backend=str(getattr(loaded, "backend", "")))  # type: ignore[attr-defined]
+    costs = calibrate(
+        loaded.target,  # type: ignore[attr-defined]
+        models,
+        backend=str(getattr(loaded, "backend", "")),
+        verified=int(getattr(loaded, "verified_rows", 0)),
+    )
     priors = [(3.0, 2.0) if m is not None else (1.0, 1.0) for m in models]
     route_priors = [getattr(d, "route_priors", {}) for d in drafters]
     return AutoPlanner(

@@ -52,7 +52,10 @@ class Loaded:
     tie_margin: float = 0.0  # greedy verification: see speculative.Settings
     exact_rows: int = 0  # ditto
     strict: bool = False  # ditto
-    backend: str = ""  # llama.cpp's system info: keys the calibration caches (see tuning.make_planner)
+    backend: str = ""  # llama.cpp's system info and build: keys the calibration caches (see make_planner)
+    #: verify batches of up to this many rows shown bit-exact by the build's invariance probe (0: not
+    #: shown, or the target is not on the CPU the probe ran on); calibration confirms it on the target
+    verified_rows: int = 0
 
     def close(self) -> None:
         for m in self.draft_models:
@@ -175,13 +178,22 @@ def load(
             out.warnings.extend(check_pair(target, dm))
             out.drafters.append(ModelDrafter(dm, p_min=cfg.p_min))
         if out.drafters:
-            from ..decoding.calibration import exact_rows, tie_margin
+            from ..decoding.calibration import K_MAX, exact_rows, tie_margin
+            from ..llama.buildcheck import build_identity, verified_exact_rows
             from ..llama.engine import backend_info
 
-            note("measuring batched-vs-one-token rounding (once per model and machine)")
-            backend = out.backend = str(backend_info().get("system_info", ""))
+            note("measuring batched-vs-one-token rounding (once per model, build and machine)")
+            # the build's identity keys every calibration: a rebuild (the patch queue) changes kernels
+            ident = build_identity()
+            backend = out.backend = f"{backend_info().get('system_info', '')} build:{ident['key']}"
+            out.verified_rows = verified_exact_rows(ident) if on_cpu else 0
             out.tie_margin = tie_margin(target, backend=backend)
-            out.exact_rows = exact_rows(target, backend=backend)
+            out.exact_rows = exact_rows(target, backend=backend, verified=out.verified_rows)
+            if out.exact_rows >= K_MAX + 1 and out.tie_margin > 0.0:
+                # exact at every width on a short context but not past 512 KV cells (batch_noise
+                # measures there): trust rows only as far as a build without the proof would
+                out.verified_rows = 0
+                out.exact_rows = exact_rows(target, backend=backend)
     except BaseException:
         out.close()
         raise
