@@ -43,7 +43,7 @@ from .options import (
 )
 
 if TYPE_CHECKING:
-    from ..bench import BenchPrompt, BenchResult, Config, PreparedPrompt, Reference, ServerModel
+    from ..bench.run import BenchPrompt, BenchResult, Config, PreparedPrompt, Reference, ServerModel
     from ..models.loader import Loaded
 
 EXPORT_FORMATS = ("llama-server", "vllm")
@@ -150,7 +150,7 @@ def bench(
 
     The user-facing help is BENCH_HELP (Typer keeps a docstring's line breaks, which wrap badly).
     """
-    from .. import bench as core
+    from ..bench import run as core
 
     # the bench is greedy: the sampling options keep their defaults
     opts = Options(
@@ -264,7 +264,7 @@ def bench_drafts(target: str) -> tuple[str, ...]:
 
 def _prepare(loaded: Loaded, suite: list[BenchPrompt], max_tokens: int, err: Console) -> list[PreparedPrompt]:
     """Each prompt through the target's chat template, checked to fit with its answer in the context."""
-    from ..bench import PreparedPrompt
+    from ..bench.run import PreparedPrompt
     from ..models.loader import chat_prompt
 
     target = loaded.target
@@ -324,7 +324,7 @@ def _run_with_progress(
     """Run the benchmark with a progress bar on stderr when it is a terminal (silent otherwise)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from ..bench import run_bench
+    from ..bench.run import run_bench
 
     def go(progress: Callable[[int, int, str], None] | None = None) -> BenchResult:
         return run_bench(
@@ -364,10 +364,10 @@ def _run_with_progress(
 
 def _print_export(fmt: str, opts: Options, drafts: tuple[str, ...], *, err: Console) -> None:
     """The server command line on stdout (copy-pasteable), notes about it on stderr."""
-    from ..bench import llama_server_command
+    from ..bench.export import vllm_command
+    from ..bench.run import llama_server_command
     from ..decoding.drafters import NgramDrafter
     from ..decoding.planner import K_MAX
-    from ..export import vllm_command
 
     target = _server_model(opts.target)
     models = [_server_model(d) for d in drafts if d != NGRAM]
@@ -403,7 +403,7 @@ def _print_export(fmt: str, opts: Options, drafts: tuple[str, ...], *, err: Cons
 def _server_model(spec: str) -> ServerModel:
     """A model reference as llama-server should see it: the local file when there is one (never
     downloading anything), else the Hub repository llama-server can fetch itself."""
-    from ..bench import ServerModel
+    from ..bench.run import ServerModel
     from ..models import hub
     from ..models.registry import load_registry, resolve
 

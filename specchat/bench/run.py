@@ -34,13 +34,13 @@ from typing import Any
 
 import numpy as np
 
-from .decoding.drafters import Drafter
-from .decoding.events import Done, Stats, Token
-from .decoding.loop import FixedK, Planner, Settings, generate
-from .decoding.model import Model
-from .decoding.planner import best_k, expected_tokens
-from .decoding.sampling import SamplingParams
-from .errors import BadInput
+from ..decoding.drafters import Drafter
+from ..decoding.events import Done, Stats, Token
+from ..decoding.loop import FixedK, Planner, Settings, generate
+from ..decoding.model import Model
+from ..decoding.planner import best_k, expected_tokens
+from ..decoding.sampling import SamplingParams
+from ..errors import BadInput
 
 SCHEMA = "specchat.bench/1"
 TIE_TOLERANCE = 0.05  # logits; see the module docstring
@@ -339,7 +339,7 @@ def planner_factory(
     call), so the benchmark measures what users get; a fresh one per generation keeps what it learns
     about one prompt from leaking into the next measurement.
     """
-    from .decoding.planner import make_planner
+    from ..decoding.planner import make_planner
 
     def make(cfg: Config) -> Planner:
         if cfg.plain:

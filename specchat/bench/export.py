@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .bench import ServerModel
+    from .run import ServerModel
 
 
 def vllm_command(
