@@ -405,13 +405,13 @@ def _server_model(spec: str) -> ServerModel:
     """A model reference as llama-server should see it: the local file when there is one (never
     downloading anything), else the Hub repository llama-server can fetch itself."""
     from ..bench.export import ServerModel
-    from ..models import hub
+    from ..models.cache import cached_path
     from ..models.registry import load_registry, resolve
 
     ref = resolve(spec, load_registry())
     if ref.path is not None:
         return ServerModel(path=str(ref.path), label=spec)
-    found = hub.cached_path(ref)
+    found = cached_path(ref)
     if found is not None:
         return ServerModel(path=str(found), label=spec)
     return ServerModel(repo=ref.repo, file=ref.file, quant=ref.quant, label=spec)
