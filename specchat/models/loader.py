@@ -226,8 +226,9 @@ def fit_before_download(
         return
     from ..errors import SpecchatError
     from . import hub
+    from .cache import cached_path
 
-    where = [ref.path if ref.path is not None else hub.cached_path(ref) for ref in refs]
+    where = [ref.path if ref.path is not None else cached_path(ref) for ref in refs]
     if all(p is not None and p.is_file() for p in where):
         return  # nothing to download: `load` reads each header once, after `locate`
     models: list[hardware.ModelFootprint] = []
