@@ -12,8 +12,12 @@ import json
 
 import pytest
 
+from specchat.decoding.drafters import ModelDrafter
+from specchat.decoding.events import Token
+from specchat.decoding.loop import FixedK, Settings, generate
 from specchat.llama import build, buildcheck, invariance, probe_model
 from specchat.llama.buildcheck import PASS, CheckResult
+from specchat.llama.engine import GGML_TYPE_BF16, LlamaModel, LoadOptions
 from specchat.models.gguf import read_gguf
 
 IDENT = {"key": "testbuild-inv", "version": "0.3.36+specchat.0123456789", "libraries": []}
@@ -173,3 +177,50 @@ def test_a_patch_that_does_not_apply_is_named(tmp_path):
     bad.write_text("--- a/a.txt\n+++ b/a.txt\n@@ -1 +1 @@\n-two\n+three\n")
     with pytest.raises(build.BuildError, match=r"0001-bad\.patch does not apply"):
         build.apply_patches(tree, [bad])
+
+
+def _greedy(model, prompt, *, drafter=None, k=0, exact_rows=0):
+    """(token ids, their log-probabilities) of a greedy generation on a fresh cache."""
+    model.truncate(0)
+    if drafter is not None:
+        drafter.model.truncate(0)
+    events = generate(
+        model,
+        prompt,
+        drafters=[drafter] if drafter is not None else [],
+        planner=FixedK(k),
+        settings=Settings(max_tokens=LONG, logprobs=0, exact_rows=exact_rows),
+    )
+    tokens = [e for e in events if isinstance(e, Token)]
+    return [t.id for t in tokens], [t.logprob.logprob for t in tokens]
+
+
+LONG = 520  # tokens generated: the KV cache passes 512 cells (llama.cpp pads its view to 256)
+
+
+@pytest.mark.parametrize("qtype", ["Q4_K"])
+def test_greedy_speculative_output_equals_no_draft_bit_for_bit_at_every_verify_width(tmp_path, qtype):
+    """The promise on a patched build: drafting with a draft that is always right (the target itself)
+    makes every round verify k+1 rows, and each token and its log-probability -- the target's logits
+    bit for bit -- equal one-token decoding's, at the widths where stock kernels switch and past 512
+    KV cells. (Every width 2..49, and Q6_K/Q5_K/F16, are the invariance probe's: same kernels.)"""
+    if build.installed_queue() is None:
+        pytest.skip("a stock llama.cpp build: its batches part from one-token decoding (see above)")
+    path = probe_model.write_probe_gguf(tmp_path / f"{qtype}.gguf", qtype, seed=5, n_ctx=1024)
+    opts = LoadOptions(n_ctx=1024, gpu_layers=0, repack=True, type_v=GGML_TYPE_BF16)
+    with LlamaModel(path, opts) as target, LlamaModel(path, opts) as draft:
+        for m in (target, draft):  # random weights say end-of-text sooner or later: generate on
+            m.is_eog = lambda token: False  # type: ignore[method-assign]
+        prompt = [1, *target.tokenize("Once upon a time")]
+        plain = _greedy(target, prompt)
+        assert len(plain[0]) == LONG
+        for k in (3, 8, 48):  # verify widths 4, 9, 49: where stock llama.cpp switches kernels, and the most
+            spec = _greedy(target, prompt, drafter=ModelDrafter(draft, p_min=0.0), k=k, exact_rows=49)
+            assert spec[0] == plain[0], f"k={k}: the tokens part at {_first_difference(spec[0], plain[0])}"
+            assert spec[1] == plain[1], (
+                f"k={k}: log-probabilities part at {_first_difference(spec[1], plain[1])}"
+            )
+
+
+def _first_difference(a, b):
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))

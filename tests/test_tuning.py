@@ -264,6 +264,27 @@ def test_exact_batch_finds_the_kernel_switch():
     assert list(m.tokens) == [1, 2]
 
 
+def test_a_build_shown_invariant_is_trusted_at_every_verify_width_once_the_target_confirms_it():
+    from specchat.decoding.calibration import K_MAX, exact_rows
+
+    exact = FakeModel(n_vocab=16)
+    assert exact_rows(exact, verified=K_MAX + 1, use_cache=False) == K_MAX + 1
+    # without the build's proof the row-by-row probe stops at EXACT_PROBE, as before
+    assert exact_rows(exact, verified=0, use_cache=False) == 16
+
+
+def test_a_target_that_parts_at_a_kernel_switch_overrules_the_builds_probe():
+    """A proof from the probe models is confirmed on the loaded target (its own weights, threads and
+    backend): one that parts at 9 rows (say a GPU offload, or a kernel the probe did not reach) keeps
+    the row-by-row limit."""
+    from specchat.decoding.calibration import K_MAX, exact_rows
+
+    parts_at_9 = BatchSensitiveModel(9, n_vocab=16)
+    assert exact_rows(parts_at_9, verified=K_MAX + 1, use_cache=False) == 8
+    # parting between two checked widths (at 40) still shows at the next one (49): row by row again
+    assert exact_rows(BatchSensitiveModel(40, n_vocab=16), verified=K_MAX + 1, use_cache=False) == 16
+
+
 # the issue-11 machine's llama-bench curve for the target (pp-n t/s: 10.5, 15.7, 17.5, 30.4, ..., 35.4)
 PP_TPS = [10.5, 15.7, 17.5, 30.4, 30.8, 31.1, 33.0, 35.4, 35.6]
 REPACK_V = [n / tps for n, tps in enumerate(PP_TPS, start=1)]

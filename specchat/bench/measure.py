@@ -23,10 +23,11 @@ class _Pair:
     drafters: list[Drafter]
     strict: bool = False
     backend: str = ""
+    verified_rows: int = 0
 
 
 def planner_factory(
-    target: Model, drafters: Sequence[Drafter], *, strict: bool = False, backend: str = ""
+    target: Model, drafters: Sequence[Drafter], *, strict: bool = False, backend: str = "", verified: int = 0
 ) -> Callable[[Config], Planner]:
     """Fresh planners per generation, built exactly as `specchat run` builds them.
 
@@ -41,7 +42,7 @@ def planner_factory(
             return FixedK(0)
         if cfg.k is not None:
             return FixedK(cfg.k)
-        pair = _Pair(target, [drafters[i] for i in cfg.drafters], strict or cfg.strict, backend)
+        pair = _Pair(target, [drafters[i] for i in cfg.drafters], strict or cfg.strict, backend, verified)
         return make_planner(pair, None)  # type: ignore[no-any-return]
 
     return make

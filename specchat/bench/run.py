@@ -174,6 +174,7 @@ def run_bench(
     references: dict[str, Reference] | None = None,
     strict: bool = False,
     backend: str = "",
+    verified: int = 0,
 ) -> BenchResult:
     """Measure every configuration on every prompt, interleaved; audit; predict. Prints nothing.
 
@@ -188,7 +189,7 @@ def run_bench(
         raise ValueError("the configurations must include plain decoding: speedups are relative to it")
     if repeats < 1 or max_tokens < 1:
         raise ValueError("repeats and max_tokens must be >= 1")
-    make = planner_for or planner_factory(target, drafters, strict=strict, backend=backend)
+    make = planner_for or planner_factory(target, drafters, strict=strict, backend=backend, verified=verified)
     labels = drafter_labels([d.name for d in drafters])
     report = progress or (lambda _d, _t, _l: None)
     n_gen = len(prompts) * (len(configs) + len(references)) * repeats

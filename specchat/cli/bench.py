@@ -344,6 +344,7 @@ def _run_with_progress(
             references=references,
             strict=loaded.strict,
             backend=loaded.backend,
+            verified=loaded.verified_rows,
         )
 
     if not err.is_terminal:

@@ -219,11 +219,12 @@ def llama_cpp_facts() -> dict[str, Any]:
 def build_check_facts() -> dict[str, Any]:
     """The stored verdict of `make install`'s llama.cpp self-check for the installed build (never runs
     the probe: that takes seconds and, on a bad build, a crashing child process)."""
-    from specchat.llama import buildcheck
+    from specchat.llama import build, buildcheck
 
     ident = buildcheck.build_identity()
     result = buildcheck.stored_result(ident)
     out: dict[str, Any] = {"name": buildcheck.CHECK_NAME, "build_key": ident["key"]}
+    out["exactness"] = exactness_facts(result, build.installed_queue(ident["version"]))
     if result is None:
         out.update(
             status="not checked",
@@ -241,6 +242,29 @@ def build_check_facts() -> dict[str, Any]:
     )
     if result.bad:
         out["fix"] = f"run `make install`, or: {buildcheck.fix_command(result.version)}"
+    return out
+
+
+def exactness_facts(result: Any, queue: str | None) -> dict[str, Any]:
+    """Whether verify batches round like one-token decoding on this build (the invariance probe's
+    stored verdict), which build it is, and -- where they do not -- why and what to do."""
+    build_kind = f"patched (specchat queue {queue})" if queue else "stock llama-cpp-python (no patch queue)"
+    verdict = result.exactness if result is not None else None
+    out: dict[str, Any] = {"build": build_kind}
+    if verdict is None:
+        out.update(status="not checked", exact_rows=0, line="verify batches: not checked on this build")
+        out["why"] = "run `python -m specchat.llama.buildcheck check` (`make install` does)"
+        return out
+    out.update(status=verdict.status, exact_rows=verdict.exact_rows, line=verdict.line())
+    if not verdict.passed:
+        out["why"] = (
+            "greedy output is kept equal to --no-draft's with a tie margin (and --strict re-checks); "
+            + (
+                "`make install` builds the patched llama.cpp whose batches are bit-exact"
+                if not queue
+                else "the patched kernels did not hold on this CPU: please report `specchat doctor --json`"
+            )
+        )
     return out
 
 
@@ -456,7 +480,18 @@ def _build_table(b: dict[str, Any], check: dict[str, Any] | None = None) -> Tabl
     table = _error_table("llama.cpp build", b) if _failed(b) else _build_facts_table(b)
     if check is not None:
         _add_check_row(table, check)
+        if isinstance(check.get("exactness"), dict):
+            _add_exactness_row(table, check["exactness"])
     return table
+
+
+def _add_exactness_row(t: Table, e: dict[str, Any]) -> None:
+    """One row: are verify batches bit-exact on this build (green), or where they part (yellow)."""
+    colour = "green" if e.get("status") == "pass" else "yellow"
+    text = f"[{colour}]{_cell(e.get('line'))}[/] · {_cell(e.get('build'))}"
+    if e.get("why"):
+        text += f"\n{_cell(e['why'])}"
+    t.add_row("exactness", text)
 
 
 def _add_check_row(t: Table, c: dict[str, Any]) -> None:

@@ -122,8 +122,12 @@ class BuildError(RuntimeError):
 Say = Callable[[str], None]
 
 
+def _say(text: str) -> None:
+    print(text, flush=True)  # make and CI read a pipe: a long build's notes must not wait in a buffer
+
+
 def _run_logged(argv: Sequence[str], log: Path, *, env: dict[str, str] | None = None,
-                cwd: Path | None = None, say: Say = print, what: str = "") -> int:  # fmt: skip
+                cwd: Path | None = None, say: Say = _say, what: str = "") -> int:  # fmt: skip
     """Run a long command with its output in `log`, saying every minute that it is still going."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("a") as handle:
@@ -146,7 +150,7 @@ def _run_logged(argv: Sequence[str], log: Path, *, env: dict[str, str] | None = 
     return proc.returncode
 
 
-def fetch_sdist(version: str, *, python: str = sys.executable, say: Say = print) -> Path:
+def fetch_sdist(version: str, *, python: str = sys.executable, say: Say = _say) -> Path:
     """The pinned sdist, downloaded once from the package index into the cache."""
     folder = cache_dir() / "sdist"
     name = f"llama_cpp_python-{version}.tar.gz"
@@ -210,7 +214,7 @@ def cached_wheel(key: str) -> Path | None:
 
 
 def build_wheel(*, version: str = PINNED, patches: Sequence[Path] | None = None, cmake_args: str = "",
-                python: str = sys.executable, say: Say = print) -> Path:  # fmt: skip
+                python: str = sys.executable, say: Say = _say) -> Path:  # fmt: skip
     """The patched wheel for these inputs: from the cache, else built (and then cached)."""
     patches = patch_queue() if patches is None else list(patches)
     key = build_key(version, patches, cmake_args)
@@ -242,7 +246,7 @@ def build_wheel(*, version: str = PINNED, patches: Sequence[Path] | None = None,
     return target
 
 
-def install_wheel(wheel: Path, *, python: str = sys.executable, say: Say = print) -> None:
+def install_wheel(wheel: Path, *, python: str = sys.executable, say: Say = _say) -> None:
     """Install the wheel in place of whatever llama-cpp-python is there (its dependencies too)."""
     log = cache_dir() / "install.log"
     argv = [python, "-m", "pip", "install", "-q", "--force-reinstall", "--no-deps", str(wheel)]
@@ -253,7 +257,7 @@ def install_wheel(wheel: Path, *, python: str = sys.executable, say: Say = print
         raise BuildError(f"pip could not install the dependencies of {wheel.name}; see {log}")
 
 
-def install(*, cmake_args: str | None = None, force: bool = False, say: Say = print) -> int:
+def install(*, cmake_args: str | None = None, force: bool = False, say: Say = _say) -> int:
     """`make install`'s first step: the patched llama-cpp-python, from the cache when it can.
 
     Returns 0 when the patched build is installed (or already was), 1 with one line on failure."""
@@ -277,7 +281,7 @@ def install(*, cmake_args: str | None = None, force: bool = False, say: Say = pr
     return 0
 
 
-def check_queue(*, say: Say = print) -> int:
+def check_queue(*, say: Say = _say) -> int:
     """Apply the queue to a scratch copy of the pinned sdist (already downloaded): 0 when it applies."""
     sdist = cache_dir() / "sdist" / f"llama_cpp_python-{PINNED}.tar.gz"
     if not sdist.is_file():
