@@ -49,10 +49,10 @@ class Loaded:
     drafters: list[Drafter]
     warnings: list[str] = field(default_factory=list)
     draft_models: list[LlamaModel] = field(default_factory=list)
-    tie_margin: float = 0.0  # greedy verification: see loop.Settings
+    tie_margin: float = 0.0  # greedy verification: see speculative.Settings
     exact_rows: int = 0  # ditto
     strict: bool = False  # ditto
-    backend: str = ""  # llama.cpp's system info: keys the calibration caches (see planner.make_planner)
+    backend: str = ""  # llama.cpp's system info: keys the calibration caches (see tuning.make_planner)
 
     def close(self) -> None:
         for m in self.draft_models:
