@@ -3,7 +3,7 @@ model downloads), and how its small state files are read and written: best effor
 only saves a re-measurement.
 
 `SPECCHAT_HOME`, else the platform's per-user cache folder + `specchat` (`$XDG_CACHE_HOME` or
-`~/.cache` on Linux, `~/Library/Caches` on macOS, `%LOCALAPPDATA%` on Windows). hub.py's
+`~/.cache` on Linux, `~/Library/Caches` on macOS, `%LOCALAPPDATA%` on Windows). models/cache.py's
 `cache_dirs()["specchat_home"]` is this folder.
 """
 

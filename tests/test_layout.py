@@ -6,6 +6,8 @@ and `if TYPE_CHECKING:` blocks included).
   the `decoding.model.Model` protocol);
 - `specchat/server/` imports neither `specchat.llama` nor llama_cpp;
 - the foundations (`errors`, `store`, `terminal`) import no other part of specchat;
+- each sub-package imports only the parts below it (`ALLOWED`), so imports flow one way:
+  cli -> server, bench, models -> llama -> decoding -> foundations;
 - the parts of specchat (its sub-packages and top-level modules) import each other without a cycle.
 """
 
@@ -20,6 +22,14 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "specchat"
 FOUNDATIONS = {"errors", "store", "terminal"}
+#: which other parts each sub-package may import (besides the foundations); cli may import every part
+ALLOWED: dict[str, set[str]] = {
+    "decoding": set(),
+    "llama": {"decoding"},
+    "models": {"decoding", "llama"},
+    "server": {"decoding"},
+    "bench": {"decoding"},
+}
 
 
 def module_name(path: Path) -> str:
@@ -106,6 +116,16 @@ def test_foundations_import_no_other_part():
         return here in FOUNDATIONS and part(t) is not None and part(t) not in FOUNDATIONS
 
     assert_none(rule, "the foundations (errors, store, terminal) import no other part of specchat")
+
+
+def test_each_package_imports_only_the_parts_below_it():
+    def rule(p: Path, t: str) -> bool:
+        here, there = part(module_name(p)), part(t)
+        if here not in ALLOWED or there is None or there == here or there in FOUNDATIONS:
+            return False
+        return there not in ALLOWED[here]
+
+    assert_none(rule, f"imports against the layout's direction (allowed: {ALLOWED})")
 
 
 def test_parts_import_each_other_without_a_cycle():

@@ -1,6 +1,6 @@
 """`specchat bench`: the command, its progress display and its report (tables, bar chart, audit, prediction).
 
-The measuring lives in `bench.py` and prints nothing; this module parses options, loads models, shows
+The measuring lives in the `bench` package and prints nothing; this module parses options, loads models, shows
 progress on stderr, and renders the result with Rich (or prints it as JSON). Results go to stdout, so
 `specchat bench ... --json > results.json` keeps a clean file while progress stays on the terminal.
 """

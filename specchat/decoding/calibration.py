@@ -5,7 +5,7 @@ model's cost per drafted token and per token of catching up, the largest verify 
 bit-identical to one-token decoding, and the batched-vs-one-token rounding noise that sets the
 greedy tie margin. Cached per model file + threads + offload + build in
 `store.home()/calibration.json`; a measurement disturbed by other load is repeated and never cached,
-and a cached curve that a quick live check contradicts is measured again. tuning.py plans with it.
+and a cached curve that a quick live check contradicts is measured again. planner.py plans with it.
 """
 
 from __future__ import annotations

@@ -56,7 +56,7 @@ def sources_for(drafter_sources: list[Source]) -> tuple[Source, ...]:
 class Token:
     """One committed token. `text` may be "" when the token ends inside a multi-byte character;
     the following token then carries the whole character. `logprob`: the target's log-probabilities
-    at this position, only when the loop was asked for them (speculative.Settings.logprobs)."""
+    at this position, only when the loop was asked for them (loop.Settings.logprobs)."""
 
     id: int
     text: str
@@ -147,7 +147,7 @@ class Stats:
     k_history: tuple[int, ...] = ()
     rechecked: int = 0  # near-tie positions re-evaluated one token alone (Settings.tie_margin)
     routes: tuple[RouteStats, ...] = ()
-    repaired: int = 0  # tokens re-decoded after near-ties on a drifted cache (speculative.generate)
+    repaired: int = 0  # tokens re-decoded after near-ties on a drifted cache (loop.generate)
 
     @property
     def tokens_per_second(self) -> float:

@@ -11,7 +11,7 @@ are never used. Which distribution is reported:
   (`sampling.support`, the same code that samples), as OpenAI reports. Tokens those filters removed
   have probability 0 and are not listed, so `top` may be shorter than asked.
 
-The loop computes these only when asked (`speculative.Settings.logprobs`): a few passes over the
+The loop computes these only when asked (`loop.Settings.logprobs`): a few passes over the
 row (maximum, normaliser, candidates), 0.4 ms per token on a 152k vocabulary in cache and 1.1 ms in
 the loop, right after the decode that wrote the row (tests/perf/logprobs_breakdown.py: +1.3% of a
 token's time on the default pair on a 2-core CPU).

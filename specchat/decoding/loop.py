@@ -83,7 +83,7 @@ class FixedK:
 class Settings:
     """`tie_margin` (greedy only): a batched verify row decides a token only when its top-2 logit gap
     exceeds this; a nearer tie is re-evaluated next round as plain decoding does it, one token alone.
-    Backends round batched and one-token evaluation differently (tuning.verify_margin measures how
+    Backends round batched and one-token evaluation differently (calibration.tie_margin measures how
     much), so without it a near-tie could go the other way than in the target's own decoding."""
 
     max_tokens: int = 256

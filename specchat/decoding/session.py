@@ -5,7 +5,7 @@ No Rich and no llama_cpp here: the session talks to its models through the small
 with numpy fakes. The terminal UI lives in `chat_ui.py`.
 
 Why KV reuse needs nothing special: each turn the whole conversation is rendered with the target's
-chat template and handed to `speculative.generate`, which (like each drafter) decodes only what
+chat template and handed to `loop.generate`, which (like each drafter) decodes only what
 differs from what its cache already holds. Because earlier turns render to the same tokens every
 time, turn N+1 costs only its new tokens. Two things would break that prefix and are done sparingly:
 changing the system prompt, and trimming old turns when the context fills up (so trimming frees a
@@ -50,17 +50,17 @@ class Engine(Protocol):
 
     @property
     def tie_margin(self) -> float:
-        """Greedy verification margin (speculative.Settings.tie_margin; 0 where rounding is exact)."""
+        """Greedy verification margin (loop.Settings.tie_margin; 0 where rounding is exact)."""
         ...
 
     @property
     def exact_rows(self) -> int:
-        """Verify batches this many rows or fewer need no margin (speculative.Settings.exact_rows)."""
+        """Verify batches this many rows or fewer need no margin (loop.Settings.exact_rows)."""
         ...
 
     @property
     def strict(self) -> bool:
-        """--strict: greedy output equal to one-token decoding (speculative.Settings.strict)."""
+        """--strict: greedy output equal to one-token decoding (loop.Settings.strict)."""
         ...
 
     def render(self, messages: Sequence[Message]) -> tuple[list[int], str | None]:
@@ -89,7 +89,7 @@ def answer_events(
     Whatever the engine's caches hold from the last answer is reused by common prefix (see the module
     docstring); the chat session, the HTTP server and `specchat run` all generate through here.
     `logprobs`: give each Token the target's log-probabilities with this many alternatives
-    (speculative.Settings.logprobs; None computes nothing).
+    (loop.Settings.logprobs; None computes nothing).
     """
     return generate(
         engine.target,
@@ -372,7 +372,7 @@ class ChatSession:
                     turn.stats = ev.stats
                 yield ev
         finally:
-            gen.close()  # leaves the caches consistent (see speculative.generate)
+            gen.close()  # leaves the caches consistent (see loop.generate)
             if turn.stats is None:
                 turn.interrupted = True
                 turn.stats = tally.snapshot("interrupted")

@@ -39,7 +39,7 @@ class LoadConfig:
     offline: bool | None = None
     force: bool = False
     verbose: bool = False
-    #: --strict: greedy output equal to one-token decoding token for token (speculative.Settings)
+    #: --strict: greedy output equal to one-token decoding token for token (loop.Settings)
     strict: bool = False
 
 

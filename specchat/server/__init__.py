@@ -1,8 +1,9 @@
 """`specchat serve`: the speculative engine behind an OpenAI-compatible HTTP API.
 
-A thin layer over the same session code the terminal chat uses (`chat.py`: an `Engine` with the GGUF
-chat template, `speculative.generate` with KV prefix reuse); like `render.py` for the terminal, it
-only consumes the loop's events. It never touches llama_cpp.
+A thin layer over the same session code the terminal chat uses (`decoding.session`: an `Engine` with
+the GGUF chat template, `decoding.loop.generate` with KV prefix reuse); like `cli.render` for the
+terminal, it only consumes the loop's events. May import the foundations and `specchat.decoding`; never
+llama_cpp or `specchat.llama` (the CLI hands it loaded models), nor `specchat.cli`.
 
   api.py     the OpenAI wire format: request parsing and validation, response and chunk bodies, errors
   stops.py   stop strings: cut at the first one, hold back text that may be the start of one

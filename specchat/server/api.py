@@ -13,7 +13,7 @@ client can colour them as `specchat run` does, and `progress`: the answer's runn
 acceptance, tokens per target pass, tok/s) for a live display. One request field is specchat's own:
 `speculative: false` decodes that request with the target alone (to compare with drafting).
 
-`logprobs` come from the target's own rows (speculative.Settings.logprobs, specchat/decoding/logprobs.py) in
+`logprobs` come from the target's own rows (loop.Settings.logprobs, specchat/decoding/logprobs.py) in
 OpenAI's two shapes: chat's `content[]` of {token, logprob, bytes, top_logprobs}, and completions'
 `tokens` / `token_logprobs` / `top_logprobs` / `text_offset` (with `echo`, the prompt's tokens first:
 server/echo.py). With `n` > 1 the answers are generated one after the other on the same prompt (whose

@@ -1,7 +1,7 @@
 """The live page at `/`: `static/index.html`, with this server's settings filled in.
 
 The page is one self-contained file shipped in the package (no build step, nothing from a CDN). Its
-colour legend is not written in the HTML but taken from `render.py`, so the browser and the terminal
+colour legend is not written in the HTML but taken from `decoding.events`, as the terminal's is, so both
 show the same labels in the same colours and order; a colour is a terminal colour name ("green"...)
 that the page maps to a CSS variable readable in light and dark mode.
 """

@@ -18,7 +18,7 @@ call keeps one team, as `run` and `chat` have.
 Waiting requests form a bounded queue; beyond it `submit` refuses with 503 and a Retry-After estimate.
 A job is cancelled by its client hanging up or by shutdown: the worker sees it at the next event and
 closes the generator, which leaves both caches holding a prefix of what was committed (see
-speculative.generate), so the next request reuses them safely.
+loop.generate), so the next request reuses them safely.
 """
 
 from __future__ import annotations
@@ -123,7 +123,7 @@ def choice_seed(seed: int, index: int) -> int:
 
 def cached_tokens(stats: Stats) -> int:
     """Prompt tokens the target did not have to decode: all but the prefill and the last prompt token,
-    which the first round always decodes (speculative.generate)."""
+    which the first round always decodes (loop.generate)."""
     return max(0, stats.prompt_tokens - 1 - stats.prefill_tokens)
 
 
