@@ -215,6 +215,51 @@ def test_sigint_mid_generation_keeps_partial_text_and_stats(tiny_pair, env):
     assert 0 < generated < 3000
 
 
+def _swallowing_generation(n: int, interrupt_at: int):
+    """Tokens; at `interrupt_at` a SIGINT arrives while code that swallows KeyboardInterrupt runs (as
+    a finalizer or a C callback would: Python prints "Exception ignored" there and goes on)."""
+    for i in range(n):
+        if i == interrupt_at:
+            try:
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(0.2)  # the handler runs here, in the main thread
+            except KeyboardInterrupt:
+                pass
+        yield Token(65 + i % 26, chr(65 + i % 26), Source.TARGET)
+
+
+def test_ctrl_c_stops_a_generation_even_where_its_keyboard_interrupt_was_swallowed():
+    from specchat.decoding.loop import Tally
+
+    before = signal.getsignal(signal.SIGINT)
+    shown = render.consume(_swallowing_generation(1000, 3), None, Tally())
+    assert shown.interrupted
+    assert len(shown.ids) == 3  # what came before the Ctrl-C is kept, nothing after it
+    assert signal.getsignal(signal.SIGINT) is before  # the command's handler is put back
+
+
+def test_ctrl_c_reaches_a_generation_whose_parent_ignored_sigint():
+    """A shell's background job, nohup or a supervisor may start specchat with SIGINT ignored;
+    an explicit SIGINT must still stop the answer (and only during it)."""
+    from specchat.decoding.loop import Tally
+
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+
+        def gen():
+            for i in range(1000):
+                if i == 5:
+                    os.kill(os.getpid(), signal.SIGINT)
+                    time.sleep(0.2)
+                yield Token(66, "B", Source.TARGET)
+
+        shown = render.consume(gen(), None, Tally())
+        assert shown.interrupted and len(shown.ids) == 5
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
 def test_reader_closing_the_pipe_early_exits_quietly(tiny_pair, env):
     target, draft = (str(p) for p in tiny_pair)
     proc = start(["run", target, "--draft", draft, "-p", "Tell me a story", *LONG], env)

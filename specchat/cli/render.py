@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import io
 import os
-from collections.abc import Generator, Sequence
+import signal
+import threading
+from collections.abc import Generator, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -136,20 +139,11 @@ def consume(events: Generator[Event, None, None], stream: TokenStream | None, ta
     """
     shown = Shown()
     try:
-        for ev in events:
-            if isinstance(ev, Token):
-                shown.ids.append(ev.id)
-                shown.sources.append(ev.source.value)
-                shown.pieces.append(ev.text)
-                if stream is not None:
-                    stream.write(ev)
-            elif isinstance(ev, Round):
-                if stream is not None:
-                    stream.status(status_text(tally, ev))
-            elif isinstance(ev, Notice):
-                shown.notices.append(ev.message)
-            elif isinstance(ev, Done):
-                shown.stats = ev.stats
+        with _ctrl_c_noted() as pressed:
+            for ev in events:
+                if pressed.is_set():  # Ctrl-C came, but its KeyboardInterrupt was swallowed
+                    raise KeyboardInterrupt
+                _show(ev, shown, stream, tally)
     except KeyboardInterrupt:
         shown.interrupted = True
         events.close()
@@ -159,6 +153,49 @@ def consume(events: Generator[Event, None, None], stream: TokenStream | None, ta
         if stream is not None:
             stream.end()
     return shown
+
+
+@contextmanager
+def _ctrl_c_noted() -> Iterator[threading.Event]:
+    """SIGINT raises KeyboardInterrupt as usual, and is also noted in an Event that consume checks
+    between events. Why: Python raises KeyboardInterrupt wherever the main thread is when the signal
+    is handled, and there it can be lost -- inside a finalizer or a C callback Python only prints
+    "Exception ignored" and goes on (`specchat run` then wrote all its tokens and exited 0 now and
+    then, under load). The handler is also installed over an inherited SIG_IGN, and SIGINT unblocked,
+    so a parent that ignored or blocked it cannot make the command deaf to Ctrl-C."""
+    pressed = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield pressed
+        return
+
+    def on_sigint(signum: int, frame: object) -> None:
+        pressed.set()
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    try:
+        yield pressed
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _show(ev: Event, shown: Shown, stream: TokenStream | None, tally: object) -> None:
+    """One event of a generation: a token is kept and shown, a round updates the status line."""
+    if isinstance(ev, Token):
+        shown.ids.append(ev.id)
+        shown.sources.append(ev.source.value)
+        shown.pieces.append(ev.text)
+        if stream is not None:
+            stream.write(ev)
+    elif isinstance(ev, Round):
+        if stream is not None:
+            stream.status(status_text(tally, ev))
+    elif isinstance(ev, Notice):
+        shown.notices.append(ev.message)
+    elif isinstance(ev, Done):
+        shown.stats = ev.stats
 
 
 def export_svg(
