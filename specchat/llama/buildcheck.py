@@ -44,7 +44,7 @@ from typing import Any
 
 from .. import store
 from ..errors import EngineError
-from . import build, invariance
+from . import build, child, invariance
 from .probe_model import PROBE_SHAPES, write_probe_gguf
 
 CHECK_NAME = "quantised-matmul self-check (Q4_0, Q8_0, Q4_K through llama.cpp's CPU extra buffers)"
@@ -211,16 +211,14 @@ def decide(
     `returncode` None means the child timed out. The child prints `step ...` before each evaluation and
     one JSON object at the end, so a crash names the step it died in.
     """
-    lines = stdout.splitlines()
-    steps = [ln[5:] for ln in lines if ln.startswith("step ")]
-    where = f" during {steps[-1]}" if steps else ""
+    where = child.last_step(stdout)
     if returncode is None:
         return NOT_RUN, f"the probe did not finish within {PROBE_TIMEOUT:.0f} s{where}", ()
     sig = -returncode if returncode < 0 else returncode - _SIGNAL_EXIT if returncode > _SIGNAL_EXIT else 0
     if returncode < 0 or sig in _CRASH_SIGNALS:
         name = _signal_name(sig)
         return CRASHED, f"killed by {name}{where}", ()
-    payload = _last_json(lines)
+    payload = child.report(stdout)
     if returncode != 0 or payload is None:
         tail = " ".join(stderr.strip().splitlines()[-1:])[-200:] or f"exit status {returncode}"
         return NOT_RUN, f"the probe failed{where}: {tail}", ()
@@ -252,17 +250,6 @@ def _signal_name(sig: int) -> str:
         return signal.Signals(sig).name
     except ValueError:
         return f"signal {sig}"
-
-
-def _last_json(lines: Sequence[str]) -> dict[str, Any] | None:
-    for line in reversed(lines):
-        if line.startswith("{"):
-            try:
-                value = json.loads(line)
-            except ValueError:
-                return None
-            return value if isinstance(value, dict) else None
-    return None
 
 
 def seen_buffers(stderr: str) -> tuple[str, ...]:

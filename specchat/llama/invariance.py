@@ -30,6 +30,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import child
+
 #: verify widths checked: every n in 2..MAX_ROWS (the planner drafts at most K_MAX = 48 tokens, so a
 #: verify batch holds up to 49 rows: 48 drafts and the row before them; 49 is checked too)
 MAX_ROWS = 49
@@ -192,18 +194,11 @@ def run_probe(*, timeout: float = PROBE_TIMEOUT) -> Invariance:
 
 def from_output(returncode: int, stdout: str, stderr: str) -> Invariance:
     """The verdict from what the child did (pure): a crash or a missing report is `could not run`."""
-    lines = stdout.splitlines()
-    steps = [ln[5:] for ln in lines if ln.startswith("step ")]
-    where = f" during {steps[-1]}" if steps else ""
-    payload = next((ln for ln in reversed(lines) if ln.startswith("{")), None)
+    payload = child.report(stdout)
     if returncode != 0 or payload is None:
         tail = " ".join(stderr.strip().splitlines()[-1:])[-160:] or f"exit status {returncode}"
-        return Invariance("could not run", 0, f"the probe failed{where}: {tail}")
-    try:
-        cases = [c for c in json.loads(payload).get("cases", []) if isinstance(c, dict)]
-    except ValueError:
-        return Invariance("could not run", 0, "the probe's report was not JSON")
-    return decide(cases)
+        return Invariance("could not run", 0, f"the probe failed{child.last_step(stdout)}: {tail}")
+    return decide([c for c in payload.get("cases", []) if isinstance(c, dict)])
 
 
 def to_row(result: Invariance) -> dict[str, Any]:
@@ -225,16 +220,14 @@ def from_row(row: Any) -> Invariance | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m specchat.llama.invariance probe | check`."""
+    """`python -m specchat.llama.invariance probe` (the child; `python -m specchat.llama.buildcheck
+    check` runs it after the self-check and shows both verdicts)."""
     args = list(sys.argv[1:] if argv is None else argv)
-    command = args[0] if args else "check"
-    if command == "probe":
+    if args[:1] == ["probe"]:
         return _probe_main()
-    if command == "check":
-        result = run_probe()
-        print(result.line())
-        return 0 if result.passed else 1
-    print(f"usage: python -m specchat.llama.invariance probe|check (got {command!r})")
+    print(
+        "usage: python -m specchat.llama.invariance probe (run by: python -m specchat.llama.buildcheck check)"
+    )
     return 2
 
 
