@@ -187,7 +187,10 @@ def prepare_source(sdist: Path, patches: Sequence[Path], workdir: Path, version:
     """Unpack the sdist into `workdir`, apply the queue to vendor/llama.cpp and stamp the local
     version into llama_cpp/__init__.py (scikit-build-core reads the wheel's version from there)."""
     with tarfile.open(sdist) as tar:
-        tar.extractall(workdir, filter="data") if hasattr(tarfile, "data_filter") else tar.extractall(workdir)
+        if hasattr(tarfile, "data_filter"):  # Python 3.12+ (and security releases): refuse odd members
+            tar.extractall(workdir, filter="data")
+        else:
+            tar.extractall(workdir)
     roots = [p for p in workdir.iterdir() if p.is_dir()]
     if len(roots) != 1:
         raise BuildError(f"unexpected layout in {sdist.name}")
@@ -225,7 +228,7 @@ def build_wheel(*, version: str = PINNED, patches: Sequence[Path] | None = None,
     sdist = fetch_sdist(version, python=python, say=say)
     out = cache_dir() / "wheels" / key
     log = cache_dir() / "build.log"
-    log.write_text("") if log.exists() else None
+    log.unlink(missing_ok=True)  # one build's output per log
     shown = f" CMAKE_ARGS={shlex.quote(cmake_args)}" if cmake_args else ""
     say(
         f"building {PACKAGE} {version} with {len(patches)} llama.cpp patches (about 15 minutes on 2 "

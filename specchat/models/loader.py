@@ -122,9 +122,10 @@ def load(
     A llama.cpp build recorded as failing its self-check (see buildcheck) is refused first: it would
     crash or compute garbage on the first quantised matmul, after a possibly long download.
     """
-    from ..llama.buildcheck import refuse_known_bad
+    from ..llama.buildcheck import build_identity, refuse_known_bad
 
-    refuse_known_bad()
+    ident = build_identity()  # the installed build: refused if recorded bad, keys the calibration below
+    refuse_known_bad(ident)
     model_specs = [d for d in cfg.drafts if d != NGRAM]
     fit_before_download(
         [_resolve(s) for s in [cfg.target, *model_specs]],
@@ -179,12 +180,11 @@ def load(
             out.drafters.append(ModelDrafter(dm, p_min=cfg.p_min))
         if out.drafters:
             from ..decoding.calibration import K_MAX, exact_rows, tie_margin
-            from ..llama.buildcheck import build_identity, verified_exact_rows
+            from ..llama.buildcheck import verified_exact_rows
             from ..llama.engine import backend_info
 
             note("measuring batched-vs-one-token rounding (once per model, build and machine)")
             # the build's identity keys every calibration: a rebuild (the patch queue) changes kernels
-            ident = build_identity()
             backend = out.backend = f"{backend_info().get('system_info', '')} build:{ident['key']}"
             out.verified_rows = verified_exact_rows(ident) if on_cpu else 0
             out.tie_margin = tie_margin(target, backend=backend)
