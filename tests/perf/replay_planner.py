@@ -146,6 +146,7 @@ def main() -> None:
     ap.add_argument("--oracle", action="store_true", help="also print the hindsight bound per prompt")
     args = ap.parse_args()
     sys.path.insert(0, str(HERE))
+    from specchat.llama.buildcheck import build_identity, verified_exact_rows
     from specchat.llama.engine import GGML_TYPE_BF16, LlamaModel, LoadOptions, backend_info
 
     recorded = json.loads(args.results.read_text())["results"]
@@ -153,8 +154,12 @@ def main() -> None:
     cases = {}
     with LlamaModel(Path(args.target), LoadOptions(n_ctx=4096, type_v=GGML_TYPE_BF16)) as m:
         # this target's own measurements, as a live run gets them (from the cache, else measured)
-        backend = str(backend_info().get("system_info", ""))
-        margin, exact_n = tie_margin(m, backend=backend), exact_rows(m, backend=backend)
+        # (keyed and verified as loader.load does: the installed build's identity and its probe)
+        ident = build_identity()
+        backend = f"{backend_info().get('system_info', '')} build:{ident['key']}"
+        verified = verified_exact_rows(ident)
+        margin = tie_margin(m, backend=backend)
+        exact_n = exact_rows(m, backend=backend, verified=verified)
         own = calibrate(m, [None], backend=backend).verify
         for name, runs in recorded.items():
             prompt = m.tokenize(chatml(prompts[name]["messages"]))
