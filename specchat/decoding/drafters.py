@@ -14,6 +14,7 @@ from typing import Protocol
 
 import numpy as np
 
+from .copying import CopyFollower
 from .events import Source
 from .model import Model, common_prefix_len, sync_cache
 from .sampling import SamplingParams, probs, sample, top_prob
@@ -215,23 +216,40 @@ class NgramDrafter:
     Matches shorter than `min_n` propose nothing: after a single shared token the continuation is
     right too rarely to pay for the longer verify batch (on the benchmark suite a 1-token match was
     accepted 4-76% of the time). An empty proposal costs nothing: the round is then plain decoding.
+
+    Once a lookup has found the place being copied, the copy is followed from there (copying.py)
+    for as long as the committed tokens keep to it, instead of being looked up again each round,
+    and edits the answer makes on the way (a rename) are learned and drafted where the source
+    repeats them (`follow=False`: a fresh lookup every round, as before).
     """
 
     source = Source.NGRAM
     route_priors = NGRAM_ROUTE_PRIORS
 
-    def __init__(self, max_n: int = 8, min_n: int = 2, name: str = "ngram") -> None:
+    def __init__(
+        self,
+        max_n: int = 8,
+        min_n: int = 2,
+        name: str = "ngram",
+        *,
+        follow: bool = True,
+        learn_edits: bool = True,
+    ) -> None:
         self.name = name
         self.max_n = max_n
         self.min_n = min_n
+        self.follow = follow
+        self.learn_edits = learn_edits
         self._seen: list[int] = []
         self._index: dict[int, dict[tuple[int, ...], list[int]]] = {n: {} for n in range(min_n, max_n + 1)}
+        self._copy = CopyFollower(learn=learn_edits)
 
     def _sync(self, context: Sequence[int]) -> None:
         """Index every n-gram that ends before the context's last token."""
         if common_prefix_len(self._seen, context) < len(self._seen):  # context changed: re-index
             self._seen = []
             self._index = {n: {} for n in self._index}
+            self._copy = CopyFollower(learn=self.learn_edits)
         seen = self._seen
         for pos in range(len(seen), len(context) - 1):
             seen.append(int(context[pos]))
@@ -243,8 +261,21 @@ class NgramDrafter:
                         del ends[0]
 
     def match(self, context: Sequence[int]) -> tuple[int | None, int]:
-        """(where the continuation starts, how many tokens match) for the context's last tokens."""
+        """(where the continuation starts, how many tokens match) for the context's last tokens: the
+        followed copy while the answer keeps to it (how many tokens it has followed in a row, up to
+        MATCH_HORIZON), else a fresh lookup, which the copy then follows."""
         self._sync(context)
+        if self.follow:
+            held = self._copy.follow(context)
+            if held is not None:
+                return held[0], min(held[1], MATCH_HORIZON)
+        end, length = self._lookup(context)
+        if end is not None and self.follow:
+            self._copy.start(context, end, length)
+        return end, length
+
+    def _lookup(self, context: Sequence[int]) -> tuple[int | None, int]:
+        """The earlier occurrence of the context's longest suffix n-gram that agrees furthest back."""
         n_ctx = len(context)
         for n in range(min(self.max_n, n_ctx - 1), self.min_n - 1, -1):
             ends = self._index[n].get(tuple(context[n_ctx - n :]))
@@ -290,7 +321,9 @@ class NgramDrafter:
         start = time.perf_counter()
         end, _ = self.match(context)
         out = Proposal()
-        if end is not None and k > 0:
+        if end is not None and k > 0 and self.follow:
+            out.tokens = self._copy.draft(context, k)  # the followed copy, edits applied
+        elif end is not None and k > 0:
             n_ctx = len(context)
             span = [int(t) for t in context[end : end + k]]
             while len(span) < k:  # the source caught up with the present: continue from the drafts
