@@ -515,3 +515,17 @@ def test_the_draft_budget_learns_how_often_unsure_draft_tokens_are_right():
     budget = planner.draft_budget(0)
     assert budget is not None and budget.accept_chance(0.45) > 0.85
     assert 0.0 < budget.floor <= 0.9
+
+
+def test_a_model_free_drafters_timing_does_not_make_it_a_draft_model():
+    """An n-gram proposal takes microseconds; learned as its cost it made the drafter look like a
+    draft model (cost > 0), whose rounds plan() extends to the depth where a perfect draft stops
+    paying, so every copy was drafted 15 deep. Its cost stays 0 and its k is the planned one."""
+    planner = AutoPlanner(Costs(list(CPU_V), [0.0]), [(1.0, 1.0)], explore=False)
+    for _ in range(5):
+        planner.observe(Round("ngram", 2, 2, 1, 2, CPU_V[2], draft_seconds=2e-5, route="r", proposed=2), 0)
+    assert planner.costs.draft == [0.0]
+    which, k = planner.plan(8, ["r"])
+    rates = planner.acceptance(0, "r").rates(8, None)
+    assert (which, k) == ((0, best_k(rates, planner._verify_curve(8), 0.0)[0]) if k else (None, 0))
+    assert k < best_k([1.0] * 8, planner._verify_curve(8), 0.0)[0]

@@ -425,7 +425,12 @@ class AutoPlanner:
         if rnd.confidence:
             self.confidence[drafter].observe(rnd.confidence, rnd.accepted)
         drafting = rnd.draft_seconds - rnd.catch_up_seconds  # catching up is priced separately
-        if self.learn_costs and proposed > 0 and drafting > 0:
+        # only a draft model's cost is learned: a model-free drafter's microseconds would make it
+        # look like one (cost > 0), and plan() would then extend its every draft to the depth where
+        # a perfect draft stops paying, as it does for a draft model that stops itself (on a chat
+        # revision, default pair, this CPU: n-gram rounds of 14-15 drafts breaking after 0-2
+        # tokens, 0.85x plain; 1.11x once fixed)
+        if self.learn_costs and proposed > 0 and drafting > 0 and self.costs.draft[drafter] > 0.0:
             per = drafting / proposed
             self.costs.draft[drafter] += EMA * (per - self.costs.draft[drafter])
 
