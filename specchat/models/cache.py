@@ -7,17 +7,13 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from rich.console import Console
 
 from specchat import store
 from specchat.errors import BadInput, ModelNotFound
-from specchat.models.registry import ModelRef, pick_quant_file
-
-if TYPE_CHECKING:
-    pass
 from specchat.models.files import hash_with_progress
+from specchat.models.registry import ModelRef, pick_quant_file
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 

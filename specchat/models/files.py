@@ -8,7 +8,7 @@ import hashlib
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO
+from typing import BinaryIO
 
 from rich.console import Console
 from rich.progress import (
@@ -20,10 +20,6 @@ from rich.progress import (
 
 from specchat.errors import DownloadError
 from specchat.models.registry import ModelRef
-
-if TYPE_CHECKING:
-    pass
-
 
 HASH_BLOCK = 8 << 20
 

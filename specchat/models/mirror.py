@@ -14,7 +14,6 @@ import zipfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.progress import (
@@ -26,13 +25,10 @@ from rich.progress import (
 )
 
 from specchat.errors import DownloadError
-from specchat.models.registry import Mirror, ModelRef
-
-if TYPE_CHECKING:
-    pass
 from specchat.models import files
 from specchat.models.cache import cache_dirs, mirror_folder, registry_size
 from specchat.models.files import HASH_BLOCK, ensure_space, free_bytes, human_size, is_disk_full
+from specchat.models.registry import Mirror, ModelRef
 
 
 def _normalized(name: str) -> str:
