@@ -19,7 +19,9 @@ from typing import Any
 #: divisible by 32 (TILE_N * 2) and inputs divisible by 32 or 256 (ggml-cpu/amx/amx.cpp supports_op,
 #: ggml-cpu/repack.cpp ggml_repack_get_optimal_repack_type). The vocab (288) is the one output
 #: dimension that is not, but it is still a multiple of 32.
-PROBE_SHAPES = {"n_embd": 256, "n_ff": 512, "n_head": 4, "n_vocab": 288, "n_ctx": 64}
+#: Two query heads share each KV head (grouped-query attention, as in every model the registry ships),
+#: so the probe covers flash attention's grouped path with more than one head per group.
+PROBE_SHAPES = {"n_embd": 256, "n_ff": 512, "n_head": 4, "n_head_kv": 2, "n_vocab": 288, "n_ctx": 64}
 
 #: ggml type name -> (ggml_type id, values per block, bytes per block)
 GGML_TYPES = {
@@ -93,6 +95,7 @@ def write_probe_gguf(path: Path, qtype: str, *, seed: int = 0, n_ctx: int | None
 
     s = PROBE_SHAPES
     n_embd, n_ff, n_vocab = s["n_embd"], s["n_ff"], s["n_vocab"]
+    n_kv = n_embd * s["n_head_kv"] // s["n_head"]  # K and V rows: head_dim x KV heads
     rng = np.random.default_rng(seed)
     tokens = ["<unk>", "<s>", "</s>", *(f"<0x{b:02X}>" for b in range(256))]
     tokens += [f"[pad{i}]" for i in range(n_vocab - len(tokens))]
@@ -107,7 +110,7 @@ def write_probe_gguf(path: Path, qtype: str, *, seed: int = 0, n_ctx: int | None
         "llama.block_count": 1,
         "llama.feed_forward_length": n_ff,
         "llama.attention.head_count": s["n_head"],
-        "llama.attention.head_count_kv": s["n_head"],
+        "llama.attention.head_count_kv": s["n_head_kv"],
         "llama.rope.dimension_count": n_embd // s["n_head"],
         "llama.attention.layer_norm_rms_epsilon": 1e-5,
         "llama.vocab_size": n_vocab,
@@ -134,8 +137,8 @@ def write_probe_gguf(path: Path, qtype: str, *, seed: int = 0, n_ctx: int | None
         ),
         "blk.0.attn_norm.weight": f32(n_embd),
         "blk.0.attn_q.weight": q(n_embd, n_embd, 2.0),
-        "blk.0.attn_k.weight": q(n_embd, n_embd, 2.0),
-        "blk.0.attn_v.weight": q(n_embd, n_embd),
+        "blk.0.attn_k.weight": q(n_kv, n_embd, 2.0),
+        "blk.0.attn_v.weight": q(n_kv, n_embd),
         "blk.0.attn_output.weight": q(n_embd, n_embd),
         "blk.0.ffn_norm.weight": f32(n_embd),
         "blk.0.ffn_gate.weight": q(n_ff, n_embd),
