@@ -15,7 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from specchat.cli import app
-from specchat.llama import buildcheck
+from specchat.llama import build, buildcheck
 from specchat.llama.buildcheck import CRASHED, NOT_RUN, PASS, WRONG, CheckResult
 
 IDENT = {"key": "testbuild0000", "version": "0.3.99", "libraries": []}
@@ -110,9 +110,7 @@ def test_the_real_probe_passes_on_this_machine():
     assert result.status == PASS, result.detail
     types = {c["type"] for c in result.cases}
     assert types == {"Q4_0", "Q8_0", "Q4_K"}
-    if platform.machine() in ("x86_64", "AMD64") and "avx2" in buildcheck.cpu_flags(
-        buildcheck._read_cpuinfo()
-    ):
+    if platform.machine() in ("x86_64", "AMD64") and "avx2" in build.cpu_flags(build.read_cpuinfo()):
         assert "CPU_REPACK" in result.buffers  # the probe reached the repacked kernels
 
 
@@ -147,7 +145,21 @@ def test_rebuild_flags_without_avx512_or_amx():
     assert "-DGGML_AMX_TILE=OFF" in args
     # AVX512 needs F, CD, VL, DQ and BW (what -DGGML_AVX512 compiles for): a CPU with F alone gets OFF
     partial = CPUINFO_AVX2.replace("bmi2", "bmi2 avx512f avx512cd")
-    assert "-DGGML_AVX512=OFF" in buildcheck.cmake_flags(partial)
+    assert "-DGGML_AVX512=OFF" in build.cmake_flags(partial)
+
+
+def test_the_first_patched_build_on_an_amx_cpu_names_its_flags_and_leaves_amx_out():
+    # AMX kernels are not batch-invariant and crash on VMs that list AMX: skip them from the start,
+    # with the same flags (and so the same wheel-cache key) the self-check's rebuild would use
+    first = build.first_build_args("-DGGML_CUDA=on", cpuinfo=CPUINFO_AMX, x86=True)
+    _, env = buildcheck.rebuild_command("0.3.36+specchat.a", cpuinfo=CPUINFO_AMX, cmake_args="-DGGML_CUDA=on")
+    assert first == env["CMAKE_ARGS"]
+    assert "-DGGML_AMX_INT8=OFF" in first.split() and first.split()[-1] == "-DGGML_CUDA=on"
+    # no AMX listed, another OS, or the user chose native/AMX: the user's CMAKE_ARGS go through as they are
+    assert build.first_build_args("-DGGML_CUDA=on", cpuinfo=CPUINFO_AVX2, x86=True) == "-DGGML_CUDA=on"
+    assert build.first_build_args("", cpuinfo=CPUINFO_AMX, x86=False) == ""
+    assert build.first_build_args("-DGGML_NATIVE=ON", cpuinfo=CPUINFO_AMX, x86=True) == "-DGGML_NATIVE=ON"
+    assert build.first_build_args("-DGGML_AMX_INT8=ON", cpuinfo=CPUINFO_AMX, x86=True) == "-DGGML_AMX_INT8=ON"
 
 
 # --- the install decision ---------------------------------------------------------------------------------

@@ -102,6 +102,83 @@ def _cpu_flags() -> str:
     return platform.processor()
 
 
+#: llama.cpp CMake option -> the /proc/cpuinfo flags it compiles for (GGML_AVX512 adds -mavx512f, cd,
+#: vl, dq and bw: ggml-cpu/CMakeLists.txt). GGML_NATIVE=OFF builds exactly these, and never AMX.
+CPU_FLAG_OPTIONS: tuple[tuple[str, frozenset[str]], ...] = (
+    ("GGML_SSE42", frozenset({"sse4_2"})),
+    ("GGML_AVX", frozenset({"avx"})),
+    ("GGML_AVX2", frozenset({"avx2"})),
+    ("GGML_FMA", frozenset({"fma"})),
+    ("GGML_F16C", frozenset({"f16c"})),
+    ("GGML_BMI2", frozenset({"bmi2"})),
+    ("GGML_AVX_VNNI", frozenset({"avx_vnni"})),
+    ("GGML_AVX512", frozenset({"avx512f", "avx512cd", "avx512vl", "avx512dq", "avx512bw"})),
+    ("GGML_AVX512_VBMI", frozenset({"avx512vbmi"})),
+    ("GGML_AVX512_VNNI", frozenset({"avx512_vnni"})),
+    ("GGML_AVX512_BF16", frozenset({"avx512_bf16"})),
+)
+#: options taken out of the user's CMAKE_ARGS: they would bring back -march=native or AMX
+OVERRIDDEN = ("GGML_NATIVE", "GGML_AMX_TILE", "GGML_AMX_INT8", "GGML_AMX_BF16", "GGML_CPU_ALL_VARIANTS")
+
+
+def cpu_flags(cpuinfo: str) -> set[str]:
+    """The instruction-set flags of the first CPU in /proc/cpuinfo text."""
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "flags":
+            return set(value.split())
+    return set()
+
+
+def cmake_flags(cpuinfo: str) -> list[str]:
+    """-DGGML_...=ON/OFF for this CPU's SIMD extensions, with native detection and AMX off."""
+    flags = cpu_flags(cpuinfo)
+    out = ["-DGGML_NATIVE=OFF"]
+    out += [f"-D{option}={'ON' if needs <= flags else 'OFF'}" for option, needs in CPU_FLAG_OPTIONS]
+    out += ["-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF"]
+    return out
+
+
+def explicit_x86_args(cpuinfo: str, cmake_args: str) -> str:
+    """CMAKE_ARGS for an x86 build with this CPU's SIMD flags named one by one (never native, never AMX),
+    followed by the user's own options (CUDA, ...) less those that would bring native or AMX back."""
+    user = [a for a in shlex.split(cmake_args) if not any(a.startswith(f"-D{o}") for o in OVERRIDDEN)]
+    return " ".join([*cmake_flags(cpuinfo), *user])
+
+
+def read_cpuinfo() -> str:
+    try:
+        return Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:
+        return ""
+
+
+def is_x86_linux(system: str | None = None, machine: str | None = None) -> bool:
+    """x86-64 Linux: where /proc/cpuinfo's flag names map onto llama.cpp's SIMD options."""
+    system = system or platform.system()
+    machine = (machine or platform.machine()).lower()
+    return system == "Linux" and machine in ("x86_64", "amd64")
+
+
+def first_build_args(cmake_args: str, *, cpuinfo: str | None = None, x86: bool | None = None) -> str:
+    """CMAKE_ARGS for the patched build's first try.
+
+    On an x86 CPU that lists AMX the build names its SIMD flags instead of -march=native, which would
+    compile llama.cpp's AMX kernels: they are not batch-invariant (one row takes a VNNI kernel, more
+    rows AMX tiles, so the invariance probe fails and the planner falls back to its tie margin), and
+    on VMs whose hypervisor does not keep AMX state they compute garbage and die of SIGILL, which cost
+    a second 15-minute build after the self-check. Elsewhere, or when the user already chose
+    GGML_NATIVE or AMX, the user's CMAKE_ARGS go through unchanged.
+    """
+    chosen = "GGML_NATIVE" in cmake_args or "GGML_AMX" in cmake_args
+    if chosen or not (is_x86_linux() if x86 is None else x86):
+        return cmake_args
+    cpuinfo = read_cpuinfo() if cpuinfo is None else cpuinfo
+    if not any(flag.startswith("amx") for flag in cpu_flags(cpuinfo)):
+        return cmake_args
+    return explicit_x86_args(cpuinfo, cmake_args)
+
+
 def build_key(version: str, patches: Sequence[Path], cmake_args: str, cpu: str | None = None) -> str:
     """What the binary depends on, hashed: a native build is only good on CPUs with the same flags."""
     parts = [
@@ -264,7 +341,7 @@ def install(*, cmake_args: str | None = None, force: bool = False, say: Say = _s
     """`make install`'s first step: the patched llama-cpp-python, from the cache when it can.
 
     Returns 0 when the patched build is installed (or already was), 1 with one line on failure."""
-    cmake_args = os.environ.get("CMAKE_ARGS", "") if cmake_args is None else cmake_args
+    cmake_args = first_build_args(os.environ.get("CMAKE_ARGS", "")) if cmake_args is None else cmake_args
     patches = patch_queue()
     if not patches:
         say("no patches/llama.cpp queue here: keeping the stock llama-cpp-python")

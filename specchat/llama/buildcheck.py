@@ -30,7 +30,6 @@ import importlib.metadata
 import importlib.util
 import json
 import os
-import platform
 import shlex
 import signal
 import subprocess
@@ -192,7 +191,7 @@ def fix_command(version: str, cpuinfo: str | None = None, cmake_args: str | None
     """The one shell command that rebuilds llama-cpp-python the way the install would."""
     args, env = rebuild_command(
         version,
-        cpuinfo=_read_cpuinfo() if cpuinfo is None else cpuinfo,
+        cpuinfo=build.read_cpuinfo() if cpuinfo is None else cpuinfo,
         cmake_args=os.environ.get("CMAKE_ARGS", "") if cmake_args is None else cmake_args,
         x86=can_rebuild(),
     )
@@ -314,42 +313,6 @@ def run_check(
 # --------------------------------------------------------------------------------------------------------
 # Rebuilding for this CPU
 
-#: llama.cpp CMake option -> the /proc/cpuinfo flags it compiles for (GGML_AVX512 adds -mavx512f, cd,
-#: vl, dq and bw: ggml-cpu/CMakeLists.txt). GGML_NATIVE=OFF builds exactly these, and never AMX.
-CPU_FLAG_OPTIONS: tuple[tuple[str, frozenset[str]], ...] = (
-    ("GGML_SSE42", frozenset({"sse4_2"})),
-    ("GGML_AVX", frozenset({"avx"})),
-    ("GGML_AVX2", frozenset({"avx2"})),
-    ("GGML_FMA", frozenset({"fma"})),
-    ("GGML_F16C", frozenset({"f16c"})),
-    ("GGML_BMI2", frozenset({"bmi2"})),
-    ("GGML_AVX_VNNI", frozenset({"avx_vnni"})),
-    ("GGML_AVX512", frozenset({"avx512f", "avx512cd", "avx512vl", "avx512dq", "avx512bw"})),
-    ("GGML_AVX512_VBMI", frozenset({"avx512vbmi"})),
-    ("GGML_AVX512_VNNI", frozenset({"avx512_vnni"})),
-    ("GGML_AVX512_BF16", frozenset({"avx512_bf16"})),
-)
-#: options taken out of the user's CMAKE_ARGS: they would bring back -march=native or AMX
-_OVERRIDDEN = ("GGML_NATIVE", "GGML_AMX_TILE", "GGML_AMX_INT8", "GGML_AMX_BF16", "GGML_CPU_ALL_VARIANTS")
-
-
-def cpu_flags(cpuinfo: str) -> set[str]:
-    """The instruction-set flags of the first CPU in /proc/cpuinfo text."""
-    for line in cpuinfo.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() == "flags":
-            return set(value.split())
-    return set()
-
-
-def cmake_flags(cpuinfo: str) -> list[str]:
-    """-DGGML_...=ON/OFF for this CPU's SIMD extensions, with native detection and AMX off."""
-    flags = cpu_flags(cpuinfo)
-    out = ["-DGGML_NATIVE=OFF"]
-    out += [f"-D{option}={'ON' if needs <= flags else 'OFF'}" for option, needs in CPU_FLAG_OPTIONS]
-    out += ["-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF"]
-    return out
-
 
 def rebuild_command(
     version: str, *, cpuinfo: str, cmake_args: str, python: str = sys.executable, x86: bool = True
@@ -363,11 +326,7 @@ def rebuild_command(
     user's CMAKE_ARGS (CUDA, ...) come after our SIMD flags, less the options that re-enable native or
     AMX code; elsewhere (macOS, ARM) only the user's CMAKE_ARGS are passed: a clean build from source.
     """
-    if x86:
-        user = [a for a in shlex.split(cmake_args) if not any(a.startswith(f"-D{o}") for o in _OVERRIDDEN)]
-        flags = [*cmake_flags(cpuinfo), *user]
-    else:
-        flags = shlex.split(cmake_args)
+    flags = shlex.split(build.explicit_x86_args(cpuinfo, cmake_args) if x86 else cmake_args)
     if f"+{build.LOCAL_TAG}." in version:  # specchat's patched build: rebuild it, patches and all
         return [python, "-m", "specchat.llama.build", "install", "--force"], {"CMAKE_ARGS": " ".join(flags)}
     argv = [python, "-m", "pip", "install", "--no-cache-dir", "--force-reinstall", "--no-deps"]
@@ -375,19 +334,10 @@ def rebuild_command(
     return argv, {"CMAKE_ARGS": " ".join(flags)}
 
 
-def _read_cpuinfo() -> str:
-    try:
-        return Path("/proc/cpuinfo").read_text(errors="replace")
-    except OSError:
-        return ""
-
-
 def can_rebuild(system: str | None = None, machine: str | None = None) -> bool:
     """Only x86-64 Linux gets an automatic rebuild: the flags come from /proc/cpuinfo's x86 names.
     macOS builds (Metal, Accelerate) and ARM are only checked."""
-    system = system or platform.system()
-    machine = (machine or platform.machine()).lower()
-    return system == "Linux" and machine in ("x86_64", "amd64")
+    return build.is_x86_linux(system, machine)
 
 
 def install(
@@ -417,7 +367,7 @@ def install(
     rebuildable = can_rebuild() if rebuildable is None else rebuildable
     argv, env = rebuild_command(
         version,
-        cpuinfo=_read_cpuinfo() if cpuinfo is None else cpuinfo,
+        cpuinfo=build.read_cpuinfo() if cpuinfo is None else cpuinfo,
         cmake_args=os.environ.get("CMAKE_ARGS", "") if cmake_args is None else cmake_args,
         x86=rebuildable,
     )
