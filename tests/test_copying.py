@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specchat.decoding.copying import RELEARN_AFTER, CopyFollower
+from specchat.decoding.copying import GUESS_AFTER, RELEARN_AFTER, RESYNC_RUN, CopyFollower
 from specchat.decoding.drafters import NgramDrafter
 from specchat.decoding.events import Token
 from specchat.decoding.loop import FixedK, Settings, generate
@@ -91,6 +91,56 @@ def test_a_new_context_starts_over():
     assert f.draft(ctx, 2) == [3, 4]
     assert f.follow([7, 7, 7, 7, 7, 7, 7]) is None  # not an extension of what was followed
     assert f.draft([7, 7, 7, 7, 7, 7, 7], 2) == []
+
+
+#: a file long enough that its copy has held for GUESS_AFTER tokens before the edit at EDIT
+LONG = list(range(1, 41))
+EDIT = GUESS_AFTER + 4
+
+
+def routes_and_drafts(d: NgramDrafter, prompt: list[int], answer: list[int], k: int = 6):
+    out = []
+    for i in range(len(answer)):
+        ctx = prompt + answer[:i]
+        route = d.route(ctx)
+        out.append((route, d.propose(ctx, k, G, RNG).tokens if route is not None else []))
+    return out
+
+
+def test_after_a_one_token_edit_the_copy_goes_on_from_the_next_source_token():
+    answer = [*LONG[:EDIT], 77, *LONG[EDIT + 1 :]]  # one token replaced, once: nothing to learn from
+    seen = routes_and_drafts(NgramDrafter(), LONG + SEP, answer)
+    # right after the edit no n-gram of the new text is in the source; the guess drafts on after it
+    route, draft = seen[EDIT + 1]
+    assert route == "resync" and draft == LONG[EDIT + 1 : EDIT + 7]
+    # one agreeing token confirms it: the copy holds (a short run again) and the edit is a rule
+    route, draft = seen[EDIT + 2]
+    assert route == f"match {RESYNC_RUN}+" and draft == LONG[EDIT + 2 : EDIT + 8]
+    d = NgramDrafter()
+    routes_and_drafts(d, LONG + SEP, answer[: EDIT + 3])
+    assert [(r.source, r.output) for r in d._copy.rules] == [((LONG[EDIT],), (77,))]
+    # without the guess those rounds had nothing to draft
+    plain = routes_and_drafts(NgramDrafter(resync=False), LONG + SEP, answer)
+    assert plain[EDIT + 1] == (None, []) and plain[EDIT + 2] == (None, [])
+
+
+def test_a_wrong_guess_gives_way_to_the_lookup():
+    # two tokens inserted, not one replaced: the guess is dropped at the second and nothing learned
+    answer = [*LONG[:EDIT], 77, 78, *LONG[EDIT:]]
+    d = NgramDrafter()
+    seen = routes_and_drafts(d, LONG + SEP, answer)
+    assert seen[EDIT + 1][0] == "resync"
+    assert seen[EDIT + 2] == (None, [])  # 77 78: no guess twice, no n-gram match
+    assert d._copy.rules == []
+    # once two source tokens are written again the lookup finds the copy and it is followed
+    route, draft = seen[EDIT + 4]
+    assert route is not None and draft == LONG[EDIT + 2 : EDIT + 8]
+
+
+def test_a_short_match_that_parts_is_no_copy_to_guess_on():
+    answer = [*LONG[: GUESS_AFTER - 4], 77, *LONG[GUESS_AFTER - 3 :]]
+    seen = routes_and_drafts(NgramDrafter(), LONG + SEP, answer)
+    assert seen[GUESS_AFTER - 3] == (None, [])
 
 
 class RenameTarget(FakeModel):

@@ -14,6 +14,14 @@ edit rule (`source -> output`), applied to later drafts wherever the source repe
 drafts a wrong token loses its place at once unless it has been right before; where a rule's text
 was not wanted here, the plain copy is followed instead. Rules are exact token sequences, so a rule
 only ever changes what is drafted: the target still decides every token.
+
+Where the answer first parts from the copy, the follower does not wait for a lookup to find its place
+again: it guesses that the token written replaced the source token (the commonest edit: a rename, a
+changed literal) and drafts the source from the next token on, as the route "resync". Without the
+guess the rounds after each first-seen edit were plain decoding (no n-gram of the new text occurs in
+the source yet), and a fresh lookup then restarted from a short match, whose drafts are kept short.
+One committed token that agrees confirms the guess (learned as an edit rule, as a lookup would); one
+that does not drops it and the lookup takes over as before.
 """
 
 from __future__ import annotations
@@ -27,6 +35,13 @@ MAX_SOURCE = 8
 MAX_OUTPUT = 12
 #: Edit rules kept (most recently learned first).
 MAX_RULES = 16
+#: The copy run a confirmed "resync" guess goes on with, at most (see CopyFollower.follow): a copy
+#: that held for many tokens, parted for one and agrees again is still the same copy, but the
+#: planner should see some fresh evidence first, not the whole run before the edit
+RESYNC_RUN = 8
+#: A guess is made only where the copy had held for at least this many tokens: a short accidental
+#: match that parts is no copy being edited
+GUESS_AFTER = 12
 #: A rule's score: +1 each time its output was accepted whole, -2 each time it drafted a wrong token;
 #: at this score or below it is dropped (so a new rule goes at its first mistake).
 DROP_AT = -2
@@ -56,13 +71,18 @@ class _Cursor:
     rule: Rule | None = None
     #: tokens followed in a row (the match that started the copy included)
     run: int = 0
+    #: the last committed token was taken to replace the source token before `src` (a guess that
+    #: the next committed token confirms or drops), and the run before it
+    guess: bool = False
+    held: int = 0
 
 
 class CopyFollower:
     """A cursor into the text being copied, checked token by token, and the edits learned so far."""
 
-    def __init__(self, *, learn: bool = True) -> None:
+    def __init__(self, *, learn: bool = True, resync: bool = True) -> None:
         self.learn = learn
+        self.resync = resync
         self.rules: list[Rule] = []
         #: sightings of dropped rules' edits since they were dropped
         self._dropped: dict[tuple[tuple[int, ...], tuple[int, ...]], int] = {}
@@ -111,9 +131,20 @@ class CopyFollower:
                 if cur.queue and cur.rule is not None:
                     cur.rule.score += DROP_AT
                     self._prune()
-                self._break = (cur.src, cur.n) if not cur.queue else None
+                guess = self.resync and step is not None and step[3] is None and cur.run >= GUESS_AFTER
+                if guess and not cur.guess and not cur.queue:
+                    # guess: `got` replaced the source token; the copy goes on after it
+                    self._break = (cur.src, cur.n)
+                    cur.src, cur.n, cur.last = cur.src + 1, cur.n + 1, got
+                    cur.held, cur.run, cur.guess, cur.rule = cur.run, 0, True, None
+                    continue
+                if not cur.guess:  # after a failed guess the break where the copy parted stays
+                    self._break = (cur.src, cur.n) if not cur.queue else None
                 self._cur = None
                 return None
+            if cur.guess:  # confirmed: the edit made at the break is a rule, as a lookup would learn
+                self._confirm(context)
+                cur.guess, cur.run = False, min(cur.held, RESYNC_RUN)
             _, cur.src, queue, rule = step
             if rule is not None and not queue:
                 rule.score += 1
@@ -122,6 +153,20 @@ class CopyFollower:
             cur.last = got
             cur.run += 1
         return cur.src, cur.run
+
+    @property
+    def guessing(self) -> bool:
+        """Whether the copy is held only by an unconfirmed "resync" guess (its drafts are a route
+        of their own: right far less often than a copy that has held)."""
+        return self._cur is not None and self._cur.guess
+
+    def _confirm(self, context: Sequence[int]) -> None:
+        if self._break is not None and self.learn:
+            bs, bo = self._break
+            source, output = (int(context[bs]),), (int(context[bo]),)
+            if source != output and all(r.source != source for r in self.rules):
+                self._learn(source, output)
+        self._break = None
 
     def start(self, context: Sequence[int], end: int, length: int) -> None:
         """Follow the copy that a lookup found: context[end:] continues context, whose last `length`

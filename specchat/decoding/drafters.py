@@ -181,6 +181,10 @@ MATCH_ROUTES: tuple[int, ...] = (2, 4, 8, 16)
 MATCH_HORIZON = 32
 
 
+#: While the copy follower holds only a guess after an edit (copying.py), a fresh lookup takes over
+#: only with a match at least this long
+RESYNC_OVER = 4
+
 #: Earlier occurrences of an n-gram kept as candidate copy sources (the most recent ones).
 CANDIDATES = 8
 #: Prior conditional acceptance per match-length route, as Beta(a, b) of strength 4: on the bench's
@@ -191,6 +195,7 @@ CANDIDATES = 8
 #: 0.96 for the long routes: replayed on those answers under two measured cost curves, the 0.8/0.9
 #: priors before gave up 2-4% on the copying ones and nothing on the others.
 NGRAM_ROUTE_PRIORS: dict[str, tuple[float, float]] = {
+    "resync": (2.0, 2.0),
     "match 2+": (1.4, 2.6),
     "match 4+": (2.4, 1.6),
     "match 8+": (4.5, 0.5),
@@ -234,22 +239,24 @@ class NgramDrafter:
         *,
         follow: bool = True,
         learn_edits: bool = True,
+        resync: bool = True,
     ) -> None:
         self.name = name
         self.max_n = max_n
         self.min_n = min_n
         self.follow = follow
         self.learn_edits = learn_edits
+        self.resync = resync
         self._seen: list[int] = []
         self._index: dict[int, dict[tuple[int, ...], list[int]]] = {n: {} for n in range(min_n, max_n + 1)}
-        self._copy = CopyFollower(learn=learn_edits)
+        self._copy = CopyFollower(learn=learn_edits, resync=resync)
 
     def _sync(self, context: Sequence[int]) -> None:
         """Index every n-gram that ends before the context's last token."""
         if common_prefix_len(self._seen, context) < len(self._seen):  # context changed: re-index
             self._seen = []
             self._index = {n: {} for n in self._index}
-            self._copy = CopyFollower(learn=self.learn_edits)
+            self._copy = CopyFollower(learn=self.learn_edits, resync=self.resync)
         seen = self._seen
         for pos in range(len(seen), len(context) - 1):
             seen.append(int(context[pos]))
@@ -265,11 +272,12 @@ class NgramDrafter:
         followed copy while the answer keeps to it (how many tokens it has followed in a row, up to
         MATCH_HORIZON), else a fresh lookup, which the copy then follows."""
         self._sync(context)
-        if self.follow:
-            held = self._copy.follow(context)
-            if held is not None:
-                return held[0], min(held[1], MATCH_HORIZON)
+        held = self._copy.follow(context) if self.follow else None
+        if held is not None and not self._copy.guessing:
+            return held[0], min(held[1], MATCH_HORIZON)
         end, length = self._lookup(context)
+        if held is not None and (end is None or length < RESYNC_OVER):
+            return held[0], 0  # the follower's guess after an edit (route "resync")
         if end is not None and self.follow:
             self._copy.start(context, end, length)
         return end, length
@@ -299,6 +307,8 @@ class NgramDrafter:
         end, length = self.match(context)
         if end is None:
             return None
+        if length < MATCH_ROUTES[0]:
+            return "resync"
         lo = max(r for r in MATCH_ROUTES if r <= length)
         return f"match {lo}+"
 

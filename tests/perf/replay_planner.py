@@ -144,15 +144,40 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=6)
     ap.add_argument("--curves", choices=("own", "all"), default="own")
     ap.add_argument("--oracle", action="store_true", help="also print the hindsight bound per prompt")
+    ap.add_argument("--cache", type=Path, default=None,
+                    help="keep the teacher-forced gaps here and reuse them (replays in seconds)")  # fmt: skip
     args = ap.parse_args()
     sys.path.insert(0, str(HERE))
-    from specchat.llama.buildcheck import build_identity, verified_exact_rows
-    from specchat.llama.engine import GGML_TYPE_BF16, LlamaModel, LoadOptions, backend_info
 
     recorded = json.loads(args.results.read_text())["results"]
     prompts = {p["name"]: p for p in map(json.loads, args.prompts.read_text().splitlines()) if p}
+    if args.cache and args.cache.is_file():  # the teacher-forced pass of an earlier replay
+        saved = json.loads(args.cache.read_text())
+        cases = {n: tuple(c) for n, c in saved["cases"].items()}
+        margin, exact_n, own = saved["margin"], saved["exact_n"], saved["curve"]
+    else:
+        cases, margin, exact_n, own = teacher_force(args.target, recorded, prompts)
+        if args.cache:
+            doc = {"cases": cases, "margin": margin, "exact_n": exact_n, "curve": own}
+            args.cache.write_text(json.dumps(doc))
+    curves = [own]
+    if args.curves == "all":  # every other verify curve cached on this machine, measured earlier
+        cal = store.read_json(store.home() / "calibration.json")
+        curves += [v for k, v in cal.items() if k.startswith("verify:") and isinstance(v, list)
+                   and len(v) == len(own) and v != own]  # fmt: skip
+    report(cases, prompts, curves, margin, exact_n, seeds=args.seeds, oracle=args.oracle)
+
+
+def teacher_force(
+    target: str, recorded: dict, prompts: dict
+) -> tuple[dict[str, tuple[list[int], list[int], list[float]]], float, int, list[float]]:
+    """Each recorded answer's prompt, output and real top-2 gap at every position (one pass of the
+    target, teacher-forced), with the target's tie margin, exact batch size and verify curve."""
+    from specchat.llama.buildcheck import build_identity, verified_exact_rows
+    from specchat.llama.engine import GGML_TYPE_BF16, LlamaModel, LoadOptions, backend_info
+
     cases = {}
-    with LlamaModel(Path(args.target), LoadOptions(n_ctx=4096, type_v=GGML_TYPE_BF16)) as m:
+    with LlamaModel(Path(target), LoadOptions(n_ctx=4096, type_v=GGML_TYPE_BF16)) as m:
         # this target's own measurements, as a live run gets them (from the cache, else measured)
         # (keyed and verified as loader.load does: the installed build's identity and its probe)
         ident = build_identity()
@@ -172,11 +197,20 @@ def main() -> None:
                 top2 = np.partition(row, -2)[-2:]
                 gaps.append(float(top2[1] - top2[0]))
             cases[name] = (prompt, output, gaps)
-    curves = [own]
-    if args.curves == "all":  # every other verify curve cached on this machine, measured earlier
-        cal = store.read_json(store.home() / "calibration.json")
-        curves += [v for k, v in cal.items() if k.startswith("verify:") and isinstance(v, list)
-                   and len(v) == len(own) and v != own]  # fmt: skip
+    return cases, margin, exact_n, own
+
+
+def report(
+    cases: dict,
+    prompts: dict,
+    curves: list[list[float]],
+    margin: float,
+    exact_n: int,
+    *,
+    seeds: int,
+    oracle: bool,
+) -> None:
+    """Replay every case under every curve and print the ratios (and the hindsight bound)."""
 
     def ratio(name: str, seed: int, curve: list[float]) -> float:
         prompt, output, gaps = cases[name]
@@ -203,12 +237,12 @@ def main() -> None:
     copying = {n for n in names if prompts[n].get("category") in COPYING}
     for curve in curves:
         shape = ", ".join(f"V({n}) {curve[n - 1] / curve[0]:.2f}" for n in (2, 4, 16))
-        res = {n: statistics.fmean(ratio(n, s, curve) for s in range(args.seeds)) for n in names}
+        res = {n: statistics.fmean(ratio(n, s, curve) for s in range(seeds)) for n in names}
         print(f"replayed n-gram auto (simulated, not measured), curve {shape}: " + ", ".join(
             f"{n} {r:.2f}x" for n, r in res.items()
         ) + f"; geomean copying {geomean([res[n] for n in copying]):.3f}x, "
             f"others {geomean([res[n] for n in names if n not in copying]):.3f}x")  # fmt: skip
-        if args.oracle:
+        if oracle:
             bound = {n: hindsight_ratio(*cases[n], curve, margin, exact_n) for n in names}
             print("  hindsight bound (best k per round knowing the answer): " + ", ".join(
                 f"{n} {r:.2f}x" for n, r in bound.items()
