@@ -193,7 +193,8 @@ CANDIDATES = 8
 #: The first drafted token, at every position of 22 recorded answers (copying or not): right 53% after
 #: a 2-3 token match, 79% after 4-7, 91% after 8-15 and 98% after 16+ (2,238 positions), hence 0.9 and
 #: 0.96 for the long routes: replayed on those answers under two measured cost curves, the 0.8/0.9
-#: priors before gave up 2-4% on the copying ones and nothing on the others.
+#: priors before gave up 2-4% on the copying ones and nothing on the others. "resync" (the copy
+#: follower's guess after an edit, copying.py) starts at an even chance: 0.25 and 0.75 replayed level.
 NGRAM_ROUTE_PRIORS: dict[str, tuple[float, float]] = {
     "resync": (2.0, 2.0),
     "match 2+": (1.4, 2.6),
