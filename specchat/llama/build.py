@@ -92,16 +92,6 @@ def cache_dir() -> Path:
     return Path(base) / "specchat" / "llama-cpp-python"
 
 
-def _cpu_flags() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
-            if line.split(":", 1)[0].strip() == "flags":
-                return " ".join(sorted(line.split(":", 1)[1].split()))
-    except OSError:
-        pass
-    return platform.processor()
-
-
 #: llama.cpp CMake option -> the /proc/cpuinfo flags it compiles for (GGML_AVX512 adds -mavx512f, cd,
 #: vl, dq and bw: ggml-cpu/CMakeLists.txt). GGML_NATIVE=OFF builds exactly these, and never AMX.
 CPU_FLAG_OPTIONS: tuple[tuple[str, frozenset[str]], ...] = (
@@ -177,6 +167,12 @@ def first_build_args(cmake_args: str, *, cpuinfo: str | None = None, x86: bool |
     if not any(flag.startswith("amx") for flag in cpu_flags(cpuinfo)):
         return cmake_args
     return explicit_x86_args(cpuinfo, cmake_args)
+
+
+def _cpu_flags() -> str:
+    """This CPU's flags as one sorted string (part of the wheel-cache key); the processor's name where
+    /proc/cpuinfo lists none (macOS, ...)."""
+    return " ".join(sorted(cpu_flags(read_cpuinfo()))) or platform.processor()
 
 
 def build_key(version: str, patches: Sequence[Path], cmake_args: str, cpu: str | None = None) -> str:
