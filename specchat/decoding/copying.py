@@ -163,9 +163,7 @@ class CopyFollower:
     def _confirm(self, context: Sequence[int]) -> None:
         if self._break is not None and self.learn:
             bs, bo = self._break
-            source, output = (int(context[bs]),), (int(context[bo]),)
-            if source != output and all(r.source != source for r in self.rules):
-                self._learn(source, output)
+            self._learn_edit((int(context[bs]),), (int(context[bo]),))
         self._break = None
 
     def start(self, context: Sequence[int], end: int, length: int) -> None:
@@ -177,10 +175,9 @@ class CopyFollower:
             bs, bo = self._break
             s_end, o_end = end - length, n - length
             if bs <= s_end <= bs + MAX_SOURCE and bo <= o_end <= bo + MAX_OUTPUT:
-                source = tuple(int(t) for t in context[bs:s_end])
-                output = tuple(int(t) for t in context[bo:o_end])
-                if source and source != output and all(r.source != source for r in self.rules):
-                    self._learn(source, output)
+                self._learn_edit(
+                    tuple(int(t) for t in context[bs:s_end]), tuple(int(t) for t in context[bo:o_end])
+                )
         self._break = None
         self._cur = _Cursor(n=n, last=int(context[-1]), src=end, run=length)
 
@@ -202,6 +199,11 @@ class CopyFollower:
             out.append(tok)
             seq.append(tok)
         return out
+
+    def _learn_edit(self, source: tuple[int, ...], output: tuple[int, ...]) -> None:
+        """An edit seen where the copy parted: a rule unless it changes nothing or its source has one."""
+        if source and source != output and all(r.source != source for r in self.rules):
+            self._learn(source, output)
 
     def _learn(self, source: tuple[int, ...], output: tuple[int, ...]) -> None:
         key = (source, output)

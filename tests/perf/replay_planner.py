@@ -145,7 +145,8 @@ def main() -> None:
     ap.add_argument("--curves", choices=("own", "all"), default="own")
     ap.add_argument("--oracle", action="store_true", help="also print the hindsight bound per prompt")
     ap.add_argument("--cache", type=Path, default=None,
-                    help="keep the teacher-forced gaps here and reuse them (replays in seconds)")  # fmt: skip
+                    help="keep the teacher-forced gaps here and reuse them (replays in seconds); "
+                         "delete it when RESULTS or the target change")  # fmt: skip
     args = ap.parse_args()
     sys.path.insert(0, str(HERE))
 
