@@ -98,6 +98,39 @@ class LoadedEngine:
         """A plain-text prompt (no chat template), e.g. for the server's /v1/completions."""
         return chat_prompt(self.loaded.target, [{"role": "user", "content": text}], raw=True)
 
+    def tokenize(self, text: str, *, add_special: bool, parse_special: bool = True) -> list[int]:
+        """The target's token ids for `text` (the server's /tokenize; no template, no length check)."""
+        return self.loaded.target.tokenize(text, add_special=add_special, parse_special=parse_special)
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        """The text of `tokens` with control tokens written out (`<|im_end|>`), as llama-server's
+        /detokenize gives it: a client rebuilding a prompt needs the markers, which generated text
+        (token_bytes) leaves out."""
+        target = self.loaded.target
+        raw = b"".join(
+            target.token_text(t).encode() if target.is_control(t) else target.token_bytes(t) for t in tokens
+        )
+        return raw.decode("utf-8", errors="replace")
+
+    def tokenizer_facts(self) -> dict[str, object]:
+        """What /tokenizer_info reports: vocabulary size, context, special tokens, chat template."""
+        target = self.loaded.target
+        facts = target.vocab_facts()
+        pad_meta = target.meta("tokenizer.ggml.padding_token_id")
+        pad = int(pad_meta) if pad_meta is not None and pad_meta.strip().isdigit() else -1
+        out: dict[str, object] = {
+            "n_vocab": facts.n_vocab,
+            "n_ctx": target.n_ctx,
+            "add_bos": facts.add_bos,
+            "add_eos": facts.add_eos,
+            "chat_template": target.chat_template,
+        }
+        for name, tid in (("bos", facts.bos), ("eos", facts.eos), ("pad", pad)):
+            valid = 0 <= tid < facts.n_vocab
+            out[f"{name}_id"] = tid if valid else -1
+            out[f"{name}_text"] = target.token_text(tid) if valid else None
+        return out
+
     def planner(self, k: int | None, *, seed: int | None = None) -> Planner:
         """A planner for `-k k`; `seed` (default: this engine's) makes its choices repeatable."""
         from ..decoding.planner import make_planner

@@ -1,7 +1,9 @@
 """The HTTP side: Starlette routes over the worker, the API-key check, server-sent events, uvicorn.
 
 Routes: POST /v1/chat/completions, POST /v1/completions (streamed or not), GET /v1/models, GET
-/health, and GET / (the live page, page.py; it needs no key, as it holds none: it asks the user).
+/health, and GET / (the live page, page.py; it needs no key, as it holds none: it asks the user);
+the tokenizer's POST /tokenize, POST /detokenize and GET /tokenizer_info (tokens.py; also under /v1/),
+which run on the worker as quick jobs, between two rounds of a generation at worst.
 Every failure a client can cause is JSON in OpenAI's error shape (400 bad input, 401 wrong key, 404
 unknown route, 503 busy or stopping); an unexpected one is a 500 with the same shape, and the server
 keeps running.
@@ -21,7 +23,9 @@ import json
 import socket
 import threading
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
+from functools import partial
+from typing import TypeVar
 
 import uvicorn
 from starlette.applications import Starlette
@@ -34,17 +38,18 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..decoding.events import Stats
 from ..errors import BadInput
-from . import api
+from . import api, tokens
 from .api import ApiError, Choice, Defaults, GenRequest, Kind, LogprobEntry, Reply
 from .page import HEADERS as PAGE_HEADERS
 from .page import render_page
-from .worker import Delta, Finished, Job, Message, Started, Worker
+from .worker import Backend, Delta, Finished, Job, Message, Started, Worker
 
 #: How often a waiting handler checks whether its client is still there (seconds).
 POLL = 0.25
 #: Paths answered without the API key: a health check needs no secret, and the page holds none (its
 #: requests to the API send the key the user types in).
 OPEN_PATHS = frozenset({"/health", "/"})
+T = TypeVar("T")
 
 
 def create_app(
@@ -71,6 +76,18 @@ def create_app(
     async def health(request: Request) -> Response:
         return JSONResponse({"status": "ok", "model": model, **worker.status()})
 
+    async def tokenize(request: Request) -> Response:
+        req = tokens.parse_tokenize(api.parse_json(await request.body()))
+        return JSONResponse(await _call(worker, partial(tokens.run_tokenize, req)))
+
+    async def detokenize(request: Request) -> Response:
+        ids = tokens.parse_detokenize(api.parse_json(await request.body()))
+        return JSONResponse(await _call(worker, partial(tokens.run_detokenize, ids)))
+
+    async def tokenizer_info(request: Request) -> Response:
+        facts = await _call(worker, lambda backend: backend.tokenizer_facts())
+        return JSONResponse(tokens.tokenizer_info(facts, model))
+
     html = render_page(
         model=model, api_key=api_key is not None, drafter_sources=[d.source for d in worker.backend.drafters]
     )
@@ -84,6 +101,15 @@ def create_app(
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
+        *(
+            Route(f"{prefix}/{name}", handler, methods=[method])
+            for prefix in ("", "/v1")
+            for name, handler, method in (
+                ("tokenize", tokenize, "POST"),
+                ("detokenize", detokenize, "POST"),
+                ("tokenizer_info", tokenizer_info, "GET"),
+            )
+        ),
     ]
     return Starlette(
         routes=routes,
@@ -135,6 +161,11 @@ async def _generate(request: Request, kind: Kind, worker: Worker, model: str, de
     finally:
         if not streaming:
             job.cancel()  # finished: a no-op; the client left or we failed: stop generating for it
+
+
+async def _call(worker: Worker, fn: Callable[[Backend], T]) -> T:
+    """`fn(backend)` run on the model thread as a quick job (Worker.call); its ApiError is the reply."""
+    return await asyncio.wrap_future(worker.call(fn))
 
 
 async def _next(job: Job, request: Request) -> Message | None:
@@ -221,7 +252,8 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     if exc.status_code == 404:
         message = f"no route {request.method} {request.url.path}; this server has /v1/chat/completions, "
-        message += "/v1/completions, /v1/models, /health and the page at /"
+        message += "/v1/completions, /v1/models, /tokenize, /detokenize, /tokenizer_info, /health and "
+        message += "the page at /"
     else:
         message = f"{request.method} is not allowed on {request.url.path}"
     code = "not_found" if exc.status_code == 404 else "method_not_allowed"

@@ -15,6 +15,10 @@ hundreds of barriers of every decode cost ~12 ms a token in futex wake-ups (meas
 switches a second, 0.67-0.86x of `--no-draft` serving, issue 17). One thread for every llama.cpp
 call keeps one team, as `run` and `chat` have.
 
+Quick jobs (tokenizing, detokenizing, the tokenizer's facts: `Worker.call`) touch the vocabulary,
+never a KV cache, so they need not wait for a whole generation: the worker runs them before the next
+queued request and also between two rounds of the current answer, so one waits at most a round.
+
 Waiting requests form a bounded queue; beyond it `submit` refuses with 503 and a Retry-After estimate.
 A job is cancelled by its client hanging up or by shutdown: the worker sees it at the next event and
 closes the generator, which leaves both caches holding a prefix of what was committed (see
@@ -24,6 +28,7 @@ loop.generate), so the next request reuses them safely.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import math
 import threading
 import time
@@ -31,7 +36,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from contextlib import suppress
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import numpy as np
 
@@ -43,11 +48,17 @@ from ..errors import ContextFull, SpecchatError
 from .api import ApiError, GenRequest, LogprobEntry, Progress, finish_reason, logprob_entry
 from .echo import prompt_logprobs
 from .stops import Piece, StopFilter, TokenGate
+from .tokens import Tokenizer
+
+T = TypeVar("T")
+#: The most quick jobs (Worker.call) that may wait at once; beyond it they get 503 as generations do.
+QUICK_QUEUE = 64
 
 
-class Backend(Engine, Protocol):
+class Backend(Engine, Tokenizer, Protocol):
     """What the server needs from the loaded models: a chat `Engine`, plus plain-text prompts for
-    /v1/completions and planners with a seed of their own. `loader.LoadedEngine` is one."""
+    /v1/completions, planners with a seed of their own and the tokenizer endpoints' `Tokenizer`.
+    `loader.LoadedEngine` is one."""
 
     def render_text(self, text: str) -> tuple[list[int], str | None]:
         """Token ids of `text` as a plain prompt; ContextFull when it does not fit."""
@@ -149,6 +160,7 @@ class Worker:
         self._planner = backend.planner(k) if backend.drafters else None
         self._rng = np.random.default_rng(seed)
         self._waiting: deque[Job] = deque()
+        self._quick: deque[tuple[Callable[[Backend], object], concurrent.futures.Future[object]]] = deque()
         self._current: Job | None = None
         self._stopping = False
         self._cond = threading.Condition()
@@ -187,6 +199,25 @@ class Worker:
             self._waiting.append(job)
             self._cond.notify()
 
+    def call(self, fn: Callable[[Backend], T]) -> concurrent.futures.Future[T]:
+        """Run `fn(backend)` on the model thread, before the next queued generation and between the
+        rounds of the current one; for work that reads the vocabulary only (it must not decode)."""
+        future: concurrent.futures.Future[T] = concurrent.futures.Future()
+        with self._cond:
+            if self._stopping:
+                raise _shutting_down()
+            if len(self._quick) >= QUICK_QUEUE:
+                raise ApiError(
+                    f"the server is busy: {len(self._quick)} tokenizer requests waiting; retry in a second",
+                    status=503,
+                    type="server_error",
+                    code="queue_full",
+                    headers={"Retry-After": "1"},
+                )
+            self._quick.append((fn, future))  # type: ignore[arg-type]
+            self._cond.notify()
+        return future
+
     def status(self) -> dict[str, object]:
         with self._cond:
             return {
@@ -201,11 +232,16 @@ class Worker:
             self._stopping = True
             waiting = list(self._waiting)
             self._waiting.clear()
+            quick = [future for _, future in self._quick]
+            self._quick.clear()
             if self._current is not None:
                 self._current.cancel()
             self._cond.notify_all()
         for job in waiting:
             job.emit(_shutting_down())
+        for future in quick:
+            if future.set_running_or_notify_cancel():
+                future.set_exception(_shutting_down())
 
     def join(self, timeout: float | None = None) -> bool:
         """Wait for `start`'s thread to end (after shutdown); True when it has (or never started:
@@ -217,9 +253,12 @@ class Worker:
 
     def _loop(self) -> None:
         while True:
+            self._run_quick()
             with self._cond:
-                while not self._waiting and not self._stopping:
+                while not self._waiting and not self._quick and not self._stopping:
                     self._cond.wait()
+                if self._quick:
+                    continue
                 if not self._waiting:
                     return
                 job = self._current = self._waiting.popleft()
@@ -234,6 +273,20 @@ class Worker:
                 with self._cond:
                     self._current = None
                     self._seconds = 0.7 * self._seconds + 0.3 * (time.monotonic() - start)
+
+    def _run_quick(self) -> None:
+        """Run the quick jobs waiting now (on the model thread, between rounds or requests)."""
+        while True:
+            with self._cond:
+                if not self._quick:
+                    return
+                fn, future = self._quick.popleft()
+            if not future.set_running_or_notify_cancel():
+                continue  # its client left
+            try:
+                future.set_result(fn(self.backend))
+            except Exception as exc:  # the caller's to report (an ApiError, or a 500)
+                future.set_exception(exc)
 
     def _run(self, job: Job) -> None:
         req = job.request
@@ -291,6 +344,7 @@ class Worker:
                 elif isinstance(ev, Round):
                     self._send(job, index, stops.feed(pending), gate, Progress.of(tally))
                     pending = []
+                    self._run_quick()  # tokenizer requests wait a round at most
                     if stops.stopped:
                         break
                 elif isinstance(ev, Done):
