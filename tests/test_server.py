@@ -415,7 +415,7 @@ def test_request_defaults_and_accepted_forms():
     ("body", "param"),
     [
         ({"prompt": ""}, "prompt"),
-        ({"prompt": ["a", "b"]}, "prompt"),
+        ({"prompt": ["a", 3]}, "prompt"),
         ({}, "prompt"),
         ({"prompt": "x", "max_tokens": 0}, "max_tokens"),
         ({"prompt": "x", "max_tokens": 2.5}, "max_tokens"),

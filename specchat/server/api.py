@@ -97,7 +97,9 @@ class GenRequest:
     top_p: float
     seed: int | None
     messages: tuple[dict[str, str], ...] = ()  # chat
-    prompt: str = ""  # completion
+    prompt: str = ""  # completion: the first prompt when it is text
+    #: completion: every prompt (text, or token ids decoded as given: prompts.py), answered in order
+    prompts: tuple[str | tuple[int, ...], ...] = ()
     stop: tuple[str, ...] = ()
     stream: bool = False
     include_usage: bool = False
@@ -106,6 +108,11 @@ class GenRequest:
     logprobs: int | None = None
     echo: bool = False  # completion: the prompt is returned before the answer
     draft: bool = True  # the `speculative` request field: false decodes with the target alone
+
+    @property
+    def choices(self) -> int:
+        """Answers in all: n per prompt (prompt i's answer j has index i*n+j)."""
+        return self.n * max(1, len(self.prompts))
 
 
 def parse_json(raw: bytes) -> dict[str, Any]:
@@ -125,16 +132,23 @@ def parse_json(raw: bytes) -> dict[str, Any]:
 
 def parse_request(kind: Kind, body: Mapping[str, Any], defaults: Defaults) -> GenRequest:
     """Validate the fields of a /v1/chat/completions or /v1/completions body."""
+    from .prompts import check_choices, parse_prompts
+
+    prompts: tuple[str | tuple[int, ...], ...] = ()
     if kind == "chat":
         messages = _messages(body.get("messages"), defaults.system)
         prompt = ""
     else:
         messages = ()
-        prompt = _prompt(body.get("prompt"))
+        prompts = parse_prompts(body.get("prompt"))
+        prompt = prompts[0] if isinstance(prompts[0], str) else ""
     n = _int(body, "n", lo=1, hi=MAX_N)
-    max_tokens = _int(body, "max_completion_tokens", lo=1)
+    check_choices(max(1, len(prompts)), n or 1)
+    echo = kind == "completion" and _bool(body, "echo")
+    least = 0 if echo else 1  # OpenAI: max_tokens 0 with echo scores the prompt and generates nothing
+    max_tokens = _int(body, "max_completion_tokens", lo=least)
     if max_tokens is None:
-        max_tokens = _int(body, "max_tokens", lo=1)
+        max_tokens = _int(body, "max_tokens", lo=least)
     temperature = _number(body, "temperature", lo=0.0)
     top_p = _number(body, "top_p", lo=0.0, lo_open=True, hi=1.0)
     top_k = _int(body, "top_k", lo=0)
@@ -146,7 +160,6 @@ def parse_request(kind: Kind, body: Mapping[str, Any], defaults: Defaults) -> Ge
     seed = body.get("seed")
     if seed is not None and not _is_int(seed):
         raise ApiError(f"seed must be an integer, not {_kind(seed)}", param="seed")
-    echo = kind == "completion" and _bool(body, "echo")
     if body.get("speculative") is not None and not isinstance(body.get("speculative"), bool):
         raise ApiError(
             "speculative must be true or false (false: decode with the target alone)", param="speculative"
@@ -155,6 +168,7 @@ def parse_request(kind: Kind, body: Mapping[str, Any], defaults: Defaults) -> Ge
         kind=kind,
         messages=messages,
         prompt=prompt,
+        prompts=prompts,
         max_tokens=max_tokens if max_tokens is not None else defaults.max_tokens,
         temperature=temperature if temperature is not None else defaults.temperature,
         top_k=top_k if top_k is not None else defaults.top_k,
@@ -544,20 +558,6 @@ def _stops(value: object) -> tuple[str, ...]:
     if len(items) > MAX_STOPS:
         raise ApiError(f"stop takes at most {MAX_STOPS} strings (got {len(items)})", param="stop")
     return tuple(dict.fromkeys(s for s in items if s))
-
-
-def _prompt(value: object) -> str:
-    if isinstance(value, list) and len(value) == 1:
-        value = value[0]
-    if value is None:
-        raise ApiError("prompt is required: the text to continue", param="prompt")
-    if not isinstance(value, str):
-        raise ApiError(
-            f"prompt must be a string (one prompt per request), not {_kind(value)}", param="prompt"
-        )
-    if not value:
-        raise ApiError("prompt is empty", param="prompt")
-    return value
 
 
 def _messages(value: object, system: str | None) -> tuple[dict[str, str], ...]:

@@ -24,6 +24,7 @@ import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import replace
 from functools import partial
 from typing import TypeVar
 
@@ -38,7 +39,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..decoding.events import Stats
 from ..errors import BadInput
-from . import api, tokens
+from . import api, prompts, tokens
 from .api import ApiError, Choice, Defaults, GenRequest, Kind, LogprobEntry, Reply
 from .page import HEADERS as PAGE_HEADERS
 from .page import render_page
@@ -133,31 +134,35 @@ async def _generate(request: Request, kind: Kind, worker: Worker, model: str, de
             return Response(status_code=204)  # the client left; nobody reads this
         if isinstance(first, ApiError):
             raise first
-        echoed = first.prompt_logprobs if isinstance(first, Started) else ()
-        reply = Reply.new(kind, model, echo=req.prompt if req.echo else "", echo_logprobs=echoed)
+        assert isinstance(first, Started)
+        reply = _echoing(Reply.new(kind, model), first, req)
         if req.stream:
             streaming = True  # the stream owns the job now, and cancels it when it ends
             return _JobStream(job, _sse(job, reply, req))
-        texts: list[list[str]] = [[] for _ in range(req.n)]
-        entries: list[list[LogprobEntry]] = [[] for _ in range(req.n)]
+        replies = [reply]  # one per prompt (several: a completion's prompt array)
+        texts: list[list[str]] = [[] for _ in range(req.choices)]
+        entries: list[list[LogprobEntry]] = [[] for _ in range(req.choices)]
         choices: list[Choice] = []
-        cached = 0
-        while len(choices) < req.n:
+        cached: list[int] = []  # per prompt
+        while len(choices) < req.choices:
             msg = await _next(job, request)
             if msg is None:
                 return Response(status_code=204)
             if isinstance(msg, ApiError):
                 raise msg
-            if isinstance(msg, Delta):
+            if isinstance(msg, Started):  # the next prompt's answers follow
+                replies.append(_echoing(reply, msg, req))
+            elif isinstance(msg, Delta):
                 texts[msg.index].extend(t for t, _ in msg.pieces)
                 entries[msg.index].extend(msg.logprobs)
             elif isinstance(msg, Finished):
-                if not choices:  # what the first answer found cached (nothing: echo logprobs re-read it)
-                    cached = 0 if reply.echo_logprobs else msg.cached
+                if msg.index % req.n == 0:  # what the prompt's first answer found cached (nothing:
+                    cached.append(0 if replies[-1].echo_logprobs else msg.cached)  # echo re-read it)
                 lp = tuple(entries[msg.index]) if req.logprobs is not None else None
                 text = "".join(texts[msg.index])
                 choices.append(Choice(msg.index, text, msg.finish_reason, msg.stats, lp))
-        return JSONResponse(reply.body(choices, cached))
+        parts = [(r, choices[i * req.n : (i + 1) * req.n], cached[i]) for i, r in enumerate(replies)]
+        return JSONResponse(prompts.batch_body(parts, req.n))
     finally:
         if not streaming:
             job.cancel()  # finished: a no-op; the client left or we failed: stop generating for it
@@ -166,6 +171,11 @@ async def _generate(request: Request, kind: Kind, worker: Worker, model: str, de
 async def _call(worker: Worker, fn: Callable[[Backend], T]) -> T:
     """`fn(backend)` run on the model thread as a quick job (Worker.call); its ApiError is the reply."""
     return await asyncio.wrap_future(worker.call(fn))
+
+
+def _echoing(reply: Reply, started: Started, req: GenRequest) -> Reply:
+    """The reply for the prompt `started` opens: its echo (with echo: true) and its echoed logprobs."""
+    return replace(reply, echo=started.echo if req.echo else "", echo_logprobs=started.prompt_logprobs)
 
 
 async def _next(job: Job, request: Request) -> Message | None:
@@ -199,35 +209,47 @@ class _JobStream(StreamingResponse):
 
 
 async def _sse(job: Job, reply: Reply, req: GenRequest) -> AsyncIterator[str]:
-    """Server-sent events: per answer (n of them, one after another) its opening chunk, chunks as
+    """Server-sent events: per answer (n per prompt, one after another) its opening chunk, chunks as
     the worker sends rounds and its final chunk; the usage chunk if asked; then [DONE]."""
-    opens = reply.kind == "chat" or bool(reply.echo)  # a role, or the echoed prompt, comes first
+    opens = reply.kind == "chat" or req.echo  # a role, or the echoed prompt, comes first
+    replies = [reply]  # one per prompt
     stats: list[Stats] = []
     cached = 0
     if opens:
         yield _event(reply.chunk(first=True))
-    while len(stats) < req.n:
+    while len(stats) < req.choices:
         msg = await job.out.get()
         if isinstance(msg, Delta):
             lp = msg.logprobs if req.logprobs is not None else None
-            yield _event(reply.chunk(msg.pieces, index=msg.index, logprobs=lp, progress=msg.progress))
+            chunk = replies[-1].chunk(msg.pieces, index=msg.index, logprobs=lp, progress=msg.progress)
+            yield _event(chunk)
         elif isinstance(msg, Finished):
-            if not stats:
-                cached = 0 if reply.echo_logprobs else msg.cached
+            if msg.index % req.n == 0:
+                cached += 0 if replies[-1].echo_logprobs else msg.cached
             stats.append(msg.stats)
-            totals = stats if len(stats) == req.n else ()
-            yield _event(
-                reply.final_chunk(msg.index, msg.finish_reason, msg.stats, totals=totals, cached=cached)
+            totals = stats if len(stats) == req.choices else ()
+            final = replies[-1].final_chunk(
+                msg.index, msg.finish_reason, msg.stats, totals=totals, cached=cached
             )
-            if opens and len(stats) < req.n:
-                yield _event(reply.chunk(index=len(stats), first=True))
+            if totals and len(replies) > 1:
+                final["usage"] = prompts.batch_usage(stats, req.n, cached)
+            yield _event(final)
+            if opens and len(stats) < req.choices and len(stats) % req.n:
+                yield _event(replies[-1].chunk(index=len(stats), first=True))
+        elif isinstance(msg, Started):  # the next prompt's answers follow
+            replies.append(_echoing(reply, msg, req))
+            if opens:
+                yield _event(replies[-1].chunk(index=msg.index, first=True))
         elif isinstance(msg, ApiError):  # failed mid-stream: OpenAI sends the error as an event
             yield _event(msg.body())
             break
-        elif not isinstance(msg, Started):
+        else:
             raise TypeError(f"unexpected message {msg!r}")
-    if req.include_usage and len(stats) == req.n:
-        yield _event(reply.usage_chunk(stats, cached))
+    if req.include_usage and len(stats) == req.choices:
+        usage_chunk = reply.usage_chunk(stats, cached)
+        if len(replies) > 1:
+            usage_chunk["usage"] = prompts.batch_usage(stats, req.n, cached)
+        yield _event(usage_chunk)
     yield "data: [DONE]\n\n"
 
 

@@ -41,14 +41,15 @@ from typing import Protocol, TypeVar
 import numpy as np
 
 from ..decoding.events import Done, Round, Stats, Token
-from ..decoding.loop import Planner, Tally
+from ..decoding.loop import Detokenizer, Planner, Tally
+from ..decoding.model import Model
 from ..decoding.sampling import SamplingParams
 from ..decoding.session import Engine, answer_events, follow_temperature
 from ..errors import ContextFull, SpecchatError
 from .api import ApiError, GenRequest, LogprobEntry, Progress, finish_reason, logprob_entry
 from .echo import prompt_logprobs
 from .stops import Piece, StopFilter, TokenGate
-from .tokens import Tokenizer
+from .tokens import Tokenizer, check_ids
 
 T = TypeVar("T")
 #: The most quick jobs (Worker.call) that may wait at once; beyond it they get 503 as generations do.
@@ -70,10 +71,14 @@ class Backend(Engine, Tokenizer, Protocol):
 @dataclass(frozen=True, slots=True)
 class Started:
     """The request's prompt is rendered and fits: generation begins (HTTP 200 can be sent).
-    `prompt_logprobs`: the prompt's own, for a completion with echo and logprobs (server/echo.py)."""
+    `prompt_logprobs`: the prompt's own, for a completion with echo and logprobs (server/echo.py).
+    A completion with several prompts gets one per prompt, before its answers: `index` is its first
+    answer's, `echo` its text (token-id prompts: their tokens' text)."""
 
     prompt_tokens: int
     prompt_logprobs: tuple[LogprobEntry, ...] = ()
+    index: int = 0
+    echo: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -290,19 +295,39 @@ class Worker:
 
     def _run(self, job: Job) -> None:
         req = job.request
-        prompt = self._prompt(job)
-        if prompt is None:
+        prompts = self._prompts(job)  # all of them first: one that does not fit fails the request
+        if prompts is None:
             return
-        echoed = ()
-        if req.echo and req.logprobs is not None:
-            echoed = prompt_logprobs(self.backend.target, prompt, req.logprobs)
-        job.emit(Started(len(prompt), echoed))
-        for index in range(req.n):  # one after another: each reuses the prompt the cache holds
-            if job.cancelled:  # shutting down or hung up: the answers not begun are empty
-                empty = Tally(prompt_tokens=len(prompt)).snapshot("interrupted")
-                job.emit(Finished(empty, "length", 0, index))
-            else:
-                self._answer(job, prompt, index)
+        for p, prompt in enumerate(prompts):
+            echoed = ()
+            if req.echo and req.logprobs is not None:
+                echoed = prompt_logprobs(self.backend.target, prompt, req.logprobs)
+            job.emit(Started(len(prompt), echoed, p * req.n, self._echo(req, p, prompt)))
+            for index in range(p * req.n, (p + 1) * req.n):  # each reuses the prompt the cache holds
+                if job.cancelled or req.max_tokens == 0:  # hung up, shutting down, or echo only
+                    reason = "interrupted" if job.cancelled else "max_tokens"
+                    empty = Tally(prompt_tokens=len(prompt)).snapshot(reason)
+                    job.emit(Finished(empty, "length", 0, index))
+                else:
+                    self._answer(job, prompt, index)
+
+    def _prompts(self, job: Job) -> list[list[int]] | None:
+        """Every prompt's token ids (a chat's one, a completion's each), or None after an ApiError."""
+        out: list[list[int]] = []
+        for given in job.request.prompts or (None,):
+            tokens = self._prompt(job, given)
+            if tokens is None:
+                return None
+            out.append(tokens)
+        return out
+
+    def _echo(self, req: GenRequest, p: int, prompt: Sequence[int]) -> str:
+        """Prompt p's text as echoed: as sent, or for token ids their text as the answer's would be."""
+        given = req.prompts[p] if req.prompts else req.prompt
+        if isinstance(given, str) or not req.echo:
+            return given if isinstance(given, str) else ""
+        detok = Detokenizer(self.backend.target)
+        return "".join(detok.piece(t) for t in prompt) + detok.flush()
 
     def _answer(self, job: Job, prompt: list[int], index: int) -> None:
         req = job.request
@@ -360,16 +385,22 @@ class Worker:
         job.emit(Finished(stats, reason, cached, index))
         self.log(_summary(req, stats, cached, index))
 
-    def _prompt(self, job: Job) -> list[int] | None:
-        """The request's token ids through the chat template (or as plain text); None after telling
-        the client why not (a prompt beyond the context, a template that refuses the messages)."""
+    def _prompt(self, job: Job, given: str | tuple[int, ...] | None = None) -> list[int] | None:
+        """The request's token ids through the chat template (or as plain text, or `given`: one of a
+        completion's prompts); None after telling the client why not (a prompt beyond the context, a
+        template that refuses the messages, a token id the vocabulary lacks)."""
         req = job.request
         param = "messages" if req.kind == "chat" else "prompt"
         try:
             if req.kind == "chat":
                 tokens, _warning = self.backend.render(list(req.messages))
+            elif isinstance(given, tuple):
+                tokens = token_prompt(given, self.backend.target)
             else:
-                tokens, _warning = self.backend.render_text(req.prompt)
+                tokens, _warning = self.backend.render_text(req.prompt if given is None else given)
+        except ApiError as exc:
+            job.emit(exc)
+            return None
         except ContextFull as exc:
             job.emit(ApiError(_plain(exc), param=param, code="context_length_exceeded"))
             return None
@@ -397,6 +428,17 @@ class Worker:
                 entries += gate.finish(stopped=end)
         if pieces or entries:
             job.emit(Delta(tuple(pieces), index, tuple(entries), progress))
+
+
+def token_prompt(tokens: Sequence[int], target: Model) -> list[int]:
+    """A prompt sent as token ids, decoded as given: ids the vocabulary has, and room to answer."""
+    check_ids(tokens, target.n_vocab, "prompt")
+    if len(tokens) >= target.n_ctx:
+        raise ContextFull(
+            f"the prompt is {len(tokens)} tokens but the context window is {target.n_ctx}",
+            "raise --ctx-size or shorten the prompt",
+        )
+    return list(tokens)
 
 
 def _shutting_down() -> ApiError:
