@@ -361,7 +361,9 @@ def fake_loaded(monkeypatch: pytest.MonkeyPatch) -> FakeLoaded:
     loaded = FakeLoaded(FakeEngine(n_ctx=2048))
     monkeypatch.setattr(loader, "load", lambda cfg, **_kw: loaded)
     monkeypatch.setattr(
-        loader, "chat_prompt", lambda target, messages, raw=False: fake_render(messages, target.n_ctx)
+        loader,
+        "chat_prompt",
+        lambda target, messages, raw=False, tools=None: fake_render(messages, target.n_ctx),
     )
     return loaded
 

@@ -503,8 +503,10 @@ def render_chat(
     bos: str,
     eos: str,
     add_generation_prompt: bool = True,
+    tools: Sequence[dict[str, object]] | None = None,
 ) -> str:
-    """Render a GGUF chat template with llama-cpp-python's Jinja2 formatter.
+    """Render a GGUF chat template with llama-cpp-python's Jinja2 formatter; `tools` (OpenAI tool
+    objects) become the template's `tools`, for templates that describe them to the model.
 
     That formatter uses Jinja2's ImmutableSandboxedEnvironment: a template from a downloaded file is
     untrusted code, and the sandbox keeps it away from Python internals.
@@ -514,4 +516,4 @@ def render_chat(
     fmt = Jinja2ChatFormatter(
         template=template, eos_token=eos, bos_token=bos, add_generation_prompt=add_generation_prompt
     )
-    return fmt(messages=list(messages)).prompt
+    return fmt(messages=list(messages), tools=list(tools) if tools else None).prompt

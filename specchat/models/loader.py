@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..decoding.drafters import Drafter, ModelDrafter
 from ..errors import BadInput, ContextFull, ModelFileError
@@ -91,8 +91,11 @@ class LoadedEngine:
     def strict(self) -> bool:
         return self.loaded.strict
 
-    def render(self, messages: Sequence[dict[str, str]]) -> tuple[list[int], str | None]:
-        return chat_prompt(self.loaded.target, messages)
+    def render(
+        self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None
+    ) -> tuple[list[int], str | None]:
+        """The conversation in the target's chat template; `tools` are handed to the template."""
+        return chat_prompt(self.loaded.target, messages, tools=tools)
 
     def render_text(self, text: str) -> tuple[list[int], str | None]:
         """A plain-text prompt (no chat template), e.g. for the server's /v1/completions."""
@@ -305,7 +308,11 @@ def _fit_check(cfg: LoadConfig, paths: dict[str, Path], infos: dict[str, object]
 
 
 def chat_prompt(
-    target: LlamaModel, messages: Sequence[dict[str, str]], *, raw: bool = False
+    target: LlamaModel,
+    messages: Sequence[dict[str, Any]],
+    *,
+    raw: bool = False,
+    tools: Sequence[dict[str, Any]] | None = None,
 ) -> tuple[list[int], str | None]:
     """Token ids for a conversation, rendered with the target's own chat template (GGUF metadata).
 
@@ -322,6 +329,7 @@ def chat_prompt(
             messages,
             bos=target.token_text(facts.bos) if facts.bos >= 0 else "",
             eos=target.token_text(facts.eos) if facts.eos >= 0 else "",
+            tools=tools,
         )
         tokens = target.tokenize(text, add_special=True, parse_special=True)
         if len(tokens) >= 2 and tokens[0] == tokens[1] == facts.bos:
@@ -343,7 +351,13 @@ def chat_prompt(
 
 
 def _render_untrusted(
-    target: LlamaModel, template: str, messages: Sequence[dict[str, str]], *, bos: str, eos: str
+    target: LlamaModel,
+    template: str,
+    messages: Sequence[dict[str, Any]],
+    *,
+    bos: str,
+    eos: str,
+    tools: Sequence[dict[str, Any]] | None = None,
 ) -> str:
     """Render a chat template taken from a GGUF file, turning any failure into one user-facing line.
 
@@ -359,7 +373,7 @@ def _render_untrusted(
 
     name = target.path.name
     try:
-        return render_chat(template, messages, bos=bos, eos=eos)
+        return render_chat(template, messages, bos=bos, eos=eos, tools=tools)
     except SecurityError as exc:
         raise ModelFileError(
             f"the chat template in {name} tried to reach Python internals; the sandbox refused it",

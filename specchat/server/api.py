@@ -37,6 +37,7 @@ from .stops import Piece
 
 if TYPE_CHECKING:
     from ..decoding.loop import Tally
+    from .tools import ToolSpec
 
 Kind = Literal["chat", "completion"]
 
@@ -96,7 +97,7 @@ class GenRequest:
     top_k: int
     top_p: float
     seed: int | None
-    messages: tuple[dict[str, str], ...] = ()  # chat
+    messages: tuple[dict[str, Any], ...] = ()  # chat (tool calls and results: server/tools.py)
     prompt: str = ""  # completion: the first prompt when it is text
     #: completion: every prompt (text, or token ids decoded as given: prompts.py), answered in order
     prompts: tuple[str | tuple[int, ...], ...] = ()
@@ -108,6 +109,7 @@ class GenRequest:
     logprobs: int | None = None
     echo: bool = False  # completion: the prompt is returned before the answer
     draft: bool = True  # the `speculative` request field: false decodes with the target alone
+    tools: ToolSpec | None = None  # chat: the tools offered (None: none, or tool_choice none)
 
     @property
     def choices(self) -> int:
@@ -133,11 +135,14 @@ def parse_json(raw: bytes) -> dict[str, Any]:
 def parse_request(kind: Kind, body: Mapping[str, Any], defaults: Defaults) -> GenRequest:
     """Validate the fields of a /v1/chat/completions or /v1/completions body."""
     from .prompts import check_choices, parse_prompts
+    from .tools import parse_tools
 
     prompts: tuple[str | tuple[int, ...], ...] = ()
+    tools = None
     if kind == "chat":
         messages = _messages(body.get("messages"), defaults.system)
         prompt = ""
+        tools = parse_tools(body)
     else:
         messages = ()
         prompts = parse_prompts(body.get("prompt"))
@@ -181,6 +186,7 @@ def parse_request(kind: Kind, body: Mapping[str, Any], defaults: Defaults) -> Ge
         logprobs=_logprobs(kind, body),
         echo=echo,
         draft=body.get("speculative") is not False,
+        tools=tools,
     )
 
 
@@ -560,12 +566,14 @@ def _stops(value: object) -> tuple[str, ...]:
     return tuple(dict.fromkeys(s for s in items if s))
 
 
-def _messages(value: object, system: str | None) -> tuple[dict[str, str], ...]:
+def _messages(value: object, system: str | None) -> tuple[dict[str, Any], ...]:
     if value is None:
         raise ApiError("messages is required: an array of {role, content} objects", param="messages")
     if not isinstance(value, list) or not value:
         raise ApiError("messages must be a non-empty array of {role, content} objects", param="messages")
-    out: list[dict[str, str]] = []
+    from .tools import message_fields
+
+    out: list[dict[str, Any]] = []
     for i, m in enumerate(value):
         where = f"messages[{i}]"
         if not isinstance(m, dict):
@@ -575,7 +583,8 @@ def _messages(value: object, system: str | None) -> tuple[dict[str, str], ...]:
             raise ApiError(
                 f"{where}.role must be one of {', '.join(ROLES)} (got {role!r})", param=f"{where}.role"
             )
-        out.append({"role": "system" if role == "developer" else role, "content": _content(m, where)})
+        role = "system" if role == "developer" else role
+        out.append({"role": role, "content": _content(m, where), **message_fields(m, where)})
     if system and not any(m["role"] == "system" for m in out):
         out.insert(0, {"role": "system", "content": system})
     return tuple(out)

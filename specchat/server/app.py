@@ -39,7 +39,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..decoding.events import Stats
 from ..errors import BadInput
-from . import api, prompts, tokens
+from . import api, prompts, tokens, toolcalls
 from .api import ApiError, Choice, Defaults, GenRequest, Kind, LogprobEntry, Reply
 from .page import HEADERS as PAGE_HEADERS
 from .page import render_page
@@ -162,7 +162,11 @@ async def _generate(request: Request, kind: Kind, worker: Worker, model: str, de
                 text = "".join(texts[msg.index])
                 choices.append(Choice(msg.index, text, msg.finish_reason, msg.stats, lp))
         parts = [(r, choices[i * req.n : (i + 1) * req.n], cached[i]) for i, r in enumerate(replies)]
-        return JSONResponse(prompts.batch_body(parts, req.n))
+        body = prompts.batch_body(parts, req.n)
+        if req.tools is not None:  # the calls in each answer become message.tool_calls
+            for choice in body["choices"]:  # type: ignore[attr-defined]
+                toolcalls.patch_message(choice, req.tools)
+        return JSONResponse(body)
     finally:
         if not streaming:
             job.cancel()  # finished: a no-op; the client left or we failed: stop generating for it
@@ -215,12 +219,17 @@ async def _sse(job: Job, reply: Reply, req: GenRequest) -> AsyncIterator[str]:
     replies = [reply]  # one per prompt
     stats: list[Stats] = []
     cached = 0
+    calls = toolcalls.StreamedCalls(req.tools) if req.tools is not None else None
     if opens:
         yield _event(reply.chunk(first=True))
     while len(stats) < req.choices:
         msg = await job.out.get()
         if isinstance(msg, Delta):
             lp = msg.logprobs if req.logprobs is not None else None
+            if calls is not None:  # tools offered: what may be a call is held back until decided
+                for chunk in calls.delta(replies[-1], msg.index, msg.pieces, lp, msg.progress):
+                    yield _event(chunk)
+                continue
             chunk = replies[-1].chunk(msg.pieces, index=msg.index, logprobs=lp, progress=msg.progress)
             yield _event(chunk)
         elif isinstance(msg, Finished):
@@ -228,9 +237,12 @@ async def _sse(job: Job, reply: Reply, req: GenRequest) -> AsyncIterator[str]:
                 cached += 0 if replies[-1].echo_logprobs else msg.cached
             stats.append(msg.stats)
             totals = stats if len(stats) == req.choices else ()
-            final = replies[-1].final_chunk(
-                msg.index, msg.finish_reason, msg.stats, totals=totals, cached=cached
-            )
+            reason = msg.finish_reason
+            if calls is not None:
+                held, reason = calls.finish(replies[-1], msg.index, reason)
+                for chunk in held:
+                    yield _event(chunk)
+            final = replies[-1].final_chunk(msg.index, reason, msg.stats, totals=totals, cached=cached)
             if totals and len(replies) > 1:
                 final["usage"] = prompts.batch_usage(stats, req.n, cached)
             yield _event(final)

@@ -36,7 +36,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from contextlib import suppress
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
@@ -50,6 +50,7 @@ from .api import ApiError, GenRequest, LogprobEntry, Progress, finish_reason, lo
 from .echo import prompt_logprobs
 from .stops import Piece, StopFilter, TokenGate
 from .tokens import Tokenizer, check_ids
+from .tools import prepare
 
 T = TypeVar("T")
 #: The most quick jobs (Worker.call) that may wait at once; beyond it they get 503 as generations do.
@@ -63,6 +64,12 @@ class Backend(Engine, Tokenizer, Protocol):
 
     def render_text(self, text: str) -> tuple[list[int], str | None]:
         """Token ids of `text` as a plain prompt; ContextFull when it does not fit."""
+        ...
+
+    def render(
+        self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None
+    ) -> tuple[list[int], str | None]:
+        """The conversation's token ids in the chat template, `tools` handed to it when given."""
         ...
 
     def planner(self, k: int | None, *, seed: int | None = None) -> Planner: ...
@@ -321,6 +328,18 @@ class Worker:
             out.append(tokens)
         return out
 
+    def _render_chat(self, req: GenRequest) -> tuple[list[int], str | None]:
+        """The chat's tokens; tools, or a conversation with tool calls, go through tools.prepare
+        first (the template's own `tools`, or the tools described in the system message)."""
+        messages = list(req.messages)
+        if req.tools is None and not any(m.get("tool_calls") or m["role"] == "tool" for m in messages):
+            return self.backend.render(messages)
+        template = self.backend.tokenizer_facts().get("chat_template")
+        messages, offered = prepare(messages, req.tools, template if isinstance(template, str) else None)
+        if offered is None:
+            return self.backend.render(messages)
+        return self.backend.render(messages, tools=offered)
+
     def _echo(self, req: GenRequest, p: int, prompt: Sequence[int]) -> str:
         """Prompt p's text as echoed: as sent, or for token ids their text as the answer's would be."""
         given = req.prompts[p] if req.prompts else req.prompt
@@ -393,7 +412,7 @@ class Worker:
         param = "messages" if req.kind == "chat" else "prompt"
         try:
             if req.kind == "chat":
-                tokens, _warning = self.backend.render(list(req.messages))
+                tokens, _warning = self._render_chat(req)
             elif isinstance(given, tuple):
                 tokens = token_prompt(given, self.backend.target)
             else:
