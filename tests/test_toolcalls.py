@@ -68,6 +68,8 @@ PARIS = ("get_weather", {"city": "Paris"})
             '{"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}',
             [PARIS],
         ),
+        ('{{"name": "get_weather", "arguments": {"city": "Paris"}}}', [PARIS]),  # Qwen2.5 template's braces
+        ('<tool_call>\n{{"name": "get_weather", "arguments": {"city": "Paris"}}}\n</tool_call>', [PARIS]),
     ],
 )
 def test_every_format_gives_the_calls(text, want):

@@ -172,8 +172,8 @@ class ToolStream:
             skip = len(text) - len(body)
             try:
                 _, stop = json.JSONDecoder().raw_decode(body)
-            except ValueError:
-                return (len(text), []) if final else (None, [])
+            except ValueError:  # unfinished, or not JSON (the end decides)
+                return (len(text), self._json_calls(body)) if final else (None, [])
             return skip + stop, self._json_calls(body[:stop])
         if not body:  # whitespace only
             return (len(text), []) if final else (None, [])
@@ -202,11 +202,19 @@ class ToolStream:
     # --- payloads ---------------------------------------------------------------------------------------
 
     def _json_calls(self, payload: str) -> list[tuple[str, dict[str, Any]]]:
-        """Calls in a JSON object or array of them; [] unless every item is a declared tool's call."""
+        """Calls in a JSON object or array of them; [] unless every item is a declared tool's call.
+        Qwen2.5's template shows the format as `{{"name": ...}}` (Python's escaping), and small models
+        copy the doubled braces: one pair of them is forgiven."""
         try:
             value = json.loads(payload)
         except ValueError:
-            return []
+            inner = payload.strip()
+            if not (inner.startswith("{{") and inner.endswith("}}")):
+                return []
+            try:
+                value = json.loads(inner[1:-1])
+            except ValueError:
+                return []
         items = value if isinstance(value, list) else [value]
         out = []
         for item in items:
