@@ -72,8 +72,12 @@ def four_turns(port: int, pair: int, n: int) -> list[tuple[int, int, float, str]
     return out
 
 
-def start_llama_server(binary: str, target: str, port: int) -> subprocess.Popen[str]:
+def start_llama_server(
+    binary: str, target: str, port: int, extra: list[str] | None = None
+) -> subprocess.Popen[str]:
+    """llama-server as issue 28 ran it (`--jinja -np 1 -c 8192 -fa on`, its defaults otherwise)."""
     cmd = [binary, "-m", target, "--jinja", "-np", "1", "-c", "8192", "-fa", "on", "--port", str(port)]
+    cmd += extra or []
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
