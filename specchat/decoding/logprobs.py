@@ -71,7 +71,10 @@ def _top_ids(row: np.ndarray, m: float, need: int) -> np.ndarray:
     width = 4.0
     while True:
         idx = np.flatnonzero(row >= m - width)  # ascending ids
-        if idx.size >= need or not math.isfinite(width):
+        if idx.size >= need:
+            break
+        if width > 1e30:  # every finite logit is in; the rest are -inf (tokens a constraint forbids)
+            need = idx.size
             break
         width *= 4.0
     if idx.size == need:
