@@ -160,6 +160,12 @@ class TokenAutomaton:
         self.accepted.append(token)
         self.state = self.moves[self.state][token]
 
+    def close(self) -> None:
+        return None
+
+    def start(self) -> TokenAutomaton:  # as a CompiledGrammar: each answer walks its own state
+        return self.fresh()
+
     def fresh(self) -> TokenAutomaton:
         return TokenAutomaton(self.moves, self.accepting, sorted(self.eog))
 

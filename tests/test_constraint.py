@@ -15,7 +15,7 @@ from specchat.decoding.constraint import CANDIDATES, Walk
 from specchat.decoding.drafters import ModelDrafter, NgramDrafter, Proposal
 from specchat.decoding.events import Done, Notice, Source, Token
 from specchat.decoding.loop import FixedK, Settings, generate
-from specchat.decoding.sampling import SamplingParams
+from specchat.decoding.sampling import SamplingParams, probs
 
 from .fakes import FakeModel, TokenAutomaton, constrained_greedy
 
@@ -250,3 +250,18 @@ def test_constrained_speculative_sampling_matches_the_constrained_target_distrib
     assert counts[exact == 0].sum() == 0  # never a forbidden token
     assert tv < 0.04, tv  # sampling noise alone: ~0.02
     assert draft.decode_calls
+
+
+@pytest.mark.parametrize("top_k", [0, 1, 5, 40])
+def test_sampling_under_top_k_checks_candidates_only_and_gives_the_full_masks_distribution(top_k):
+    rng = np.random.default_rng(top_k)
+    params = SamplingParams(temperature=0.8, top_k=top_k, top_p=0.9)
+    for _ in range(50):
+        n = 2000
+        row = (rng.standard_normal(n) * 3).astype(np.float32)
+        allowed = rng.random(n) < rng.choice([0.01, 0.2, 0.9])
+        auto = TokenAutomaton({0: {int(t): 0 for t in np.flatnonzero(allowed)}}, set(), ())
+        want = probs(np.where(allowed, row, -np.inf).astype(np.float32), params)
+        got = Walk(auto, n, lambda _t: False).probs(row, params)
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-12)
+        assert (auto.largest < n) == (top_k > 0 and allowed[np.argsort(-row)[:256]].sum() >= top_k)

@@ -46,6 +46,20 @@ class Constraint(Protocol):
         """Advance past `token`, which `allowed` allows and which is not end-of-generation."""
         ...
 
+    def close(self) -> None:
+        """Free what the state holds (native grammar state); the caller closes it after the answer."""
+        ...
+
+
+class CompiledGrammar(Protocol):
+    """A request's grammar, compiled once (Backend.constraint); each answer walks a fresh state."""
+
+    def start(self) -> Constraint:
+        """A state at the grammar's start."""
+        ...
+
+    def close(self) -> None: ...
+
 
 class DeadEnd(Exception):
     """The constraint allows no token at all (a grammar no token sequence can continue)."""
@@ -115,9 +129,25 @@ class Walk:
         return greedy_gap(masked) if measure else (int(np.argmax(masked)), math.inf)
 
     def probs(self, row: np.ndarray, params: SamplingParams) -> np.ndarray:
-        """The constrained distribution sampled from: the full mask, then temperature/top-k/top-p."""
+        """The constrained distribution sampled from: `sampling.probs` of the masked row.
+
+        With top-k (k > 0) only the k best allowed tokens can be sampled, and when the candidates
+        checked first hold k allowed ones, those are the k best (every token left out has a lower
+        logit than every candidate): then only the candidates are checked, not the vocabulary."""
         if self.ended:
             return probs(row, params)
+        k, n = params.top_k, row.shape[0]
+        size = max(CANDIDATES[-1], 4 * k)
+        if k > 0 and size < n:
+            kth = float(np.partition(row, n - size)[n - size])
+            ids = np.flatnonzero(row >= kth)
+            ok = ids[self.constraint.allowed(ids.astype(np.int32))]
+            if ok.size >= k:
+                out = np.full(n, -np.inf, dtype=np.float32)
+                out[ok] = row[ok]
+                if self.keep_rows:
+                    self.rows.append(out)
+                return probs(out, params)
         return probs(self.masked(row), params)
 
     def masked(self, row: np.ndarray, *, keep: bool = True) -> np.ndarray:
