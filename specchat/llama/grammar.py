@@ -68,6 +68,9 @@ UNSUPPORTED = frozenset(
         "maxContains",
     }
 )
+#: a character in a JSON string as llama.cpp's converter has it (common/json-schema-to-grammar.cpp),
+#: plus JSON's `\/` escape
+JSON_CHAR = r"""char ::= [^"\\\x7F\x00-\x1F] | [\\] (["\\/bfnrt] | "u" [0-9a-fA-F]{4})"""
 #: string formats the converter enforces
 FORMATS = frozenset({"date", "time", "date-time", "uuid", "uuid1", "uuid2", "uuid3", "uuid4", "uuid5"})
 #: keywords whose value is a schema, a list of schemas, or a map of names to schemas
@@ -171,13 +174,16 @@ def gbnf_for(spec: GrammarSpec) -> str:
     schema = spec.schema if spec.schema is not None else {}
     check_schema(schema)
     try:
-        return json_schema_to_gbnf(json.dumps(schema))
+        gbnf = json_schema_to_gbnf(json.dumps(schema))
     except RecursionError:
         raise BadInput("the JSON schema nests too deeply (or refers to itself without end)") from None
     except (AssertionError, ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
         raise BadInput(
             f"the JSON schema cannot be turned into a grammar: {exc or type(exc).__name__}"
         ) from None
+    # the converter lets raw control characters into strings, which JSON forbids there (json.loads
+    # refuses them): use llama.cpp's own rule for a string's character instead
+    return "\n".join(JSON_CHAR if line.startswith("char ::= ") else line for line in gbnf.split("\n"))
 
 
 def check_schema(schema: object, where: str = "") -> None:

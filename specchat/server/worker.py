@@ -35,6 +35,7 @@ from typing import Protocol
 
 import numpy as np
 
+from ..decoding.constraint import CompiledGrammar, GrammarSpec
 from ..decoding.events import Done, Round, Stats, Token
 from ..decoding.loop import Planner, Tally
 from ..decoding.sampling import SamplingParams
@@ -54,6 +55,10 @@ class Backend(Engine, Protocol):
         ...
 
     def planner(self, k: int | None, *, seed: int | None = None) -> Planner: ...
+
+    def constraint(self, spec: GrammarSpec) -> CompiledGrammar:
+        """`spec` compiled for the target's vocabulary; a SpecchatError says why it cannot be."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,18 +245,31 @@ class Worker:
         prompt = self._prompt(job)
         if prompt is None:
             return
-        echoed = ()
-        if req.echo and req.logprobs is not None:
-            echoed = prompt_logprobs(self.backend.target, prompt, req.logprobs)
-        job.emit(Started(len(prompt), echoed))
-        for index in range(req.n):  # one after another: each reuses the prompt the cache holds
-            if job.cancelled:  # shutting down or hung up: the answers not begun are empty
-                empty = Tally(prompt_tokens=len(prompt)).snapshot("interrupted")
-                job.emit(Finished(empty, "length", 0, index))
-            else:
-                self._answer(job, prompt, index)
+        grammar = None
+        if req.grammar is not None:  # compiled once per request, before the response starts
+            try:
+                grammar = self.backend.constraint(req.grammar)
+            except SpecchatError as exc:
+                job.emit(ApiError(f"invalid {req.grammar.param}: {_plain(exc)}", param=req.grammar.param))
+                return
+        try:
+            echoed = ()
+            if req.echo and req.logprobs is not None:
+                echoed = prompt_logprobs(self.backend.target, prompt, req.logprobs)
+            job.emit(Started(len(prompt), echoed))
+            for index in range(req.n):  # one after another: each reuses the prompt the cache holds
+                if job.cancelled:  # shutting down or hung up: the answers not begun are empty
+                    empty = Tally(prompt_tokens=len(prompt)).snapshot("interrupted")
+                    job.emit(Finished(empty, "length", 0, index))
+                else:
+                    self._answer(job, prompt, index, grammar)
+        finally:
+            if grammar is not None:
+                grammar.close()
 
-    def _answer(self, job: Job, prompt: list[int], index: int) -> None:
+    def _answer(
+        self, job: Job, prompt: list[int], index: int, grammar: CompiledGrammar | None = None
+    ) -> None:
         req = job.request
         backend = self.backend
         params = SamplingParams(temperature=req.temperature, top_k=req.top_k, top_p=req.top_p)
@@ -264,6 +282,7 @@ class Worker:
             planner = backend.planner(self.k, seed=seed) if drafters else None
             rng = np.random.default_rng(seed)
         tally = Tally()
+        constraint = grammar.start() if grammar is not None else None  # each answer from the start
         events = answer_events(
             backend,
             prompt,
@@ -274,6 +293,7 @@ class Worker:
             rng=rng,
             tally=tally,
             logprobs=req.logprobs,
+            constraint=constraint,
         )
         stops = StopFilter(req.stop)
         gate: TokenGate[LogprobEntry] | None = TokenGate() if req.logprobs is not None else None
@@ -297,6 +317,8 @@ class Worker:
                     stats = ev.stats
         finally:
             events.close()  # within the round: caches keep a prefix of what was committed
+            if constraint is not None:
+                constraint.close()
         if stats is None:
             stats = tally.snapshot("stop_string" if stops.stopped else "interrupted")
         last = [*stops.feed(pending), *stops.flush()]
