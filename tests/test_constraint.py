@@ -265,3 +265,18 @@ def test_sampling_under_top_k_checks_candidates_only_and_gives_the_full_masks_di
         got = Walk(auto, n, lambda _t: False).probs(row, params)
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-12)
         assert (auto.largest < n) == (top_k > 0 and allowed[np.argsort(-row)[:256]].sum() >= top_k)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_drafts_past_an_accepted_end_of_generation_neither_advance_the_state_nor_break_logprobs(temperature):
+    vocab, eog = 10, 9
+    target = FakeModel(seed=3, n_vocab=vocab, eog=[eog], sharpness=2.0)
+    auto = TokenAutomaton({0: {5: 1}, 1: {2: 2}, 2: {}}, {2}, [eog])  # "5 2", then only the end
+    ref = constrained_greedy(target, PROMPT, 10, auto)
+    assert ref == [5, 2, eog]
+    oracle = OracleDrafter(PROMPT, [*ref, 4, 4, 4])  # drafts on past the end
+    params = SamplingParams(temperature=temperature, top_k=0, top_p=1.0)
+    toks, stats, events = run(target, auto, [oracle], k=6, params=params, logprobs=2)
+    assert toks == [5, 2] and auto.accepted == [5, 2]
+    assert stats.stop_reason == "eog"
+    assert all(e.logprob is not None for e in events if isinstance(e, Token))

@@ -97,7 +97,7 @@ class Walk:
         """The allowed token with the largest logit, and its gap to the next allowed one (or a lower
         bound of that gap; inf when not `measure`d)."""
         if self.ended:
-            return greedy_gap(row) if measure else (int(np.argmax(row)), math.inf)
+            return self._after_end(row, measure)
         if self.keep_rows:  # the masked row is needed anyway: decide on it
             masked = self.masked(row)
             return greedy_gap(masked) if measure else (int(np.argmax(masked)), math.inf)
@@ -135,6 +135,7 @@ class Walk:
         checked first hold k allowed ones, those are the k best (every token left out has a lower
         logit than every candidate): then only the candidates are checked, not the vocabulary."""
         if self.ended:
+            self._after_end(row, False)
             return probs(row, params)
         k, n = params.top_k, row.shape[0]
         size = max(CANDIDATES[-1], 4 * k)
@@ -168,6 +169,13 @@ class Walk:
             self.ended = True  # the answer ends here; the rest of the round is discarded
             return
         self.constraint.accept(token)
+
+    def _after_end(self, row: np.ndarray, measure: bool) -> tuple[int, float]:
+        """A row after an end-of-generation token in the same round: decided as without a constraint
+        (what it decides is never committed), its row kept so rows still line up with tokens."""
+        if self.keep_rows:
+            self.rows.append(row)
+        return greedy_gap(row) if measure else (int(np.argmax(row)), math.inf)
 
     def _allows(self, token: int) -> bool:
         return bool(self.constraint.allowed(np.array([token], dtype=np.int32))[0])
