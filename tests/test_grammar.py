@@ -20,7 +20,7 @@ from specchat.errors import BadInput
 from specchat.llama.grammar import Grammar, check_schema, compile_grammar, gbnf_for
 from specchat.server.api import ApiError, Defaults, parse_request
 
-from .serving import client
+from .serving import client, loaded_engine, serve_here
 
 CHAT = [{"role": "user", "content": "Give me JSON"}]
 PERSON = {
@@ -395,3 +395,60 @@ def test_llama_server_invalid_grammar_case(tiny_url):
     )
     assert res.status_code == 400, res.text
     assert "error" in res.json()
+
+
+# --- the real default pair -------------------------------------------------------------------------------
+
+ADA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string"},
+        "age": {"type": "integer"},
+        "hobbies": {"type": "array", "items": {"type": "string"}, "maxItems": 3},
+    },
+    "required": ["name", "age", "hobbies"],
+    "additionalProperties": False,
+}
+
+
+@pytest.mark.slow
+def test_real_pair_json_schema_output_validates_and_equals_the_target_alone(real_pair):
+    """The default pair behind `specchat serve`, the openai client asking for a json_schema: JSON
+    that validates, token for token what the constrained target writes alone, drafts accepted."""
+    target, draft = real_pair
+
+    def drive(url: str) -> tuple[Any, Any, float, float]:
+        import time
+
+        api = client(url)
+        fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": ADA, "strict": True}}
+        messages = [
+            {
+                "role": "user",
+                "content": "Describe Ada Lovelace as a JSON object: name, age at death, 3 hobbies.",
+            }
+        ]
+        t0 = time.perf_counter()
+        fast = api.chat.completions.create(
+            model="m", messages=messages, max_tokens=160, temperature=0, response_format=fmt
+        )
+        t1 = time.perf_counter()
+        plain = api.chat.completions.create(
+            model="m",
+            messages=messages,
+            max_tokens=160,
+            temperature=0,
+            response_format=fmt,
+            extra_body={"speculative": False},
+        )
+        return fast, plain, t1 - t0, time.perf_counter() - t1
+
+    with loaded_engine(target, (str(draft), "ngram")) as engine:
+        fast, plain, fast_s, plain_s = serve_here(engine, drive, k=3)  # -k 3: drafts every round
+    text = fast.choices[0].message.content
+    spec = fast.model_extra["speculative"]
+    print(f"\n{text}\nspeculative {fast_s:.2f} s, target alone {plain_s:.2f} s: {spec}")
+    assert fast.choices[0].finish_reason == "stop"
+    assert valid(json.loads(text), ADA)
+    assert text == plain.choices[0].message.content
+    assert spec["accepted"] > 0 and spec["accepted"] <= spec["drafted"]
