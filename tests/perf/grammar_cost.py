@@ -21,9 +21,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from specchat.decoding.constraint import GrammarSpec  # noqa: E402
-from specchat.llama.engine import LlamaModel, LoadOptions  # noqa: E402
-from specchat.llama.grammar import Grammar, gbnf_for  # noqa: E402
+from specchat.decoding.constraint import GrammarSpec
+from specchat.llama.engine import LlamaModel, LoadOptions
+from specchat.llama.grammar import Grammar, gbnf_for
 
 SCHEMA = {
     "type": "object",
@@ -53,11 +53,15 @@ def main() -> None:
     model = LlamaModel(Path(args.target), LoadOptions(n_ctx=256, threads=1))
     ids = np.arange(model.n_vocab, dtype=np.int32)
     print(f"{model.name}: {model.n_vocab} tokens")
-    for label, spec in (("json_object", GrammarSpec("json_object")), ("schema", GrammarSpec("json_schema", schema=SCHEMA))):
+    specs = (
+        ("json_object", GrammarSpec("json_object")),
+        ("schema", GrammarSpec("json_schema", schema=SCHEMA)),
+    )
+    for label, spec in specs:
         text = gbnf_for(spec)
         compile_s = median_seconds(lambda text=text: Grammar(model, text).close(), args.repeats)
         grammar = Grammar(model, text)
-        clone_s = median_seconds(lambda: grammar.start().close(), args.repeats)
+        clone_s = median_seconds(lambda grammar=grammar: grammar.start().close(), args.repeats)
         print(f"{label}: compile {compile_s * 1e3:.2f} ms, clone+free {clone_s * 1e6:.1f} us")
         for where, prefix in (("start", ""), ("in a string", '{"name": "Ad')):
             state = grammar.start()
@@ -66,7 +70,8 @@ def main() -> None:
             cells = []
             for n in (1, 16, 256, model.n_vocab):
                 part = ids[:n].copy() if n < model.n_vocab else ids
-                cells.append(f"{n}: {median_seconds(lambda part=part: state.allowed(part), args.repeats) * 1e6:,.0f} us")
+                took = median_seconds(lambda part=part, state=state: state.allowed(part), args.repeats)
+                cells.append(f"{n}: {took * 1e6:,.0f} us")
             allowed = int(state.allowed(ids).sum())
             print(f"  {where} ({allowed:,} allowed): " + ", ".join(cells))
             state.close()
