@@ -245,27 +245,33 @@ class Worker:
         prompt = self._prompt(job)
         if prompt is None:
             return
-        grammar = None
-        if req.grammar is not None:  # compiled once per request, before the response starts
-            try:
-                grammar = self.backend.constraint(req.grammar)
-            except SpecchatError as exc:
-                job.emit(ApiError(f"invalid {req.grammar.param}: {_plain(exc)}", param=req.grammar.param))
-                return
+        ok, grammar = self._grammar(job)
+        if not ok:
+            return
+        echoed = ()
+        if req.echo and req.logprobs is not None:
+            echoed = prompt_logprobs(self.backend.target, prompt, req.logprobs)
+        job.emit(Started(len(prompt), echoed))
+        for index in range(req.n):  # one after another: each reuses the prompt the cache holds
+            if job.cancelled:  # shutting down or hung up: the answers not begun are empty
+                empty = Tally(prompt_tokens=len(prompt)).snapshot("interrupted")
+                job.emit(Finished(empty, "length", 0, index))
+            else:
+                self._answer(job, prompt, index, grammar)
+        if grammar is not None:
+            grammar.close()  # (after an engine failure, garbage collection frees it)
+
+    def _grammar(self, job: Job) -> tuple[bool, CompiledGrammar | None]:
+        """The request's grammar compiled once, before the response starts (so a bad one is a 400
+        naming its field); (False, None) after telling the client why it cannot be."""
+        spec = job.request.grammar
+        if spec is None:
+            return True, None
         try:
-            echoed = ()
-            if req.echo and req.logprobs is not None:
-                echoed = prompt_logprobs(self.backend.target, prompt, req.logprobs)
-            job.emit(Started(len(prompt), echoed))
-            for index in range(req.n):  # one after another: each reuses the prompt the cache holds
-                if job.cancelled:  # shutting down or hung up: the answers not begun are empty
-                    empty = Tally(prompt_tokens=len(prompt)).snapshot("interrupted")
-                    job.emit(Finished(empty, "length", 0, index))
-                else:
-                    self._answer(job, prompt, index, grammar)
-        finally:
-            if grammar is not None:
-                grammar.close()
+            return True, self.backend.constraint(spec)
+        except SpecchatError as exc:
+            job.emit(ApiError(f"invalid {spec.param}: {_plain(exc)}", param=spec.param))
+            return False, None
 
     def _answer(
         self, job: Job, prompt: list[int], index: int, grammar: CompiledGrammar | None = None
