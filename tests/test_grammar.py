@@ -327,6 +327,13 @@ def test_a_bad_schema_or_grammar_is_a_400_and_the_server_keeps_serving(tiny_url)
     assert content(chat(tiny_url, max_tokens=4))  # still serving
 
 
+def test_a_grammar_no_token_can_continue_ends_the_answer_there(tiny_url):
+    reply = chat(tiny_url, grammar='root ::= "ab" [\\x00]')  # no token's text starts with a NUL byte
+    assert content(reply) == "ab"
+    assert reply.json()["choices"][0]["finish_reason"] == "stop"
+    assert reply.json()["speculative"]["stop_reason"] == "grammar"
+
+
 # llama-server's tests/unit/test_chat_completion.py cases, run against `specchat serve` on the tiny model
 # (max_tokens raised where the tiny model's tokens are single bytes; the regexes are theirs)
 SYSTEM = [

@@ -485,9 +485,10 @@ def _finite(logprob: float) -> float:
 
 
 def finish_reason(stop_reason: str, *, stopped_by_string: bool) -> str:
-    """OpenAI's finish_reason: `stop` at the model's end or a stop string, otherwise `length` (token
-    limit, full context, or an answer cut short by the server shutting down)."""
-    return "stop" if stopped_by_string or stop_reason == "eog" else "length"
+    """OpenAI's finish_reason: `stop` at the model's end, a stop string or where the grammar allows
+    nothing more, otherwise `length` (token limit, full context, or an answer cut short by the server
+    shutting down)."""
+    return "stop" if stopped_by_string or stop_reason in ("eog", "grammar") else "length"
 
 
 # --- field checks ----------------------------------------------------------------------------------------
