@@ -10,6 +10,8 @@ from collections.abc import Sequence
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from specchat.decoding.constraint import CANDIDATES, Walk
 from specchat.decoding.drafters import ModelDrafter, NgramDrafter, Proposal
@@ -51,14 +53,14 @@ class OracleDrafter:
 GREEDY = SamplingParams()
 
 
-def run(target, auto, drafters=(), *, k=4, n=40, params=GREEDY, seed=0, **settings):
+def run(target, auto, drafters=(), *, k=4, n=40, params=GREEDY, seed=0, **extra):
     events = list(
         generate(
             target,
             PROMPT,
             drafters=list(drafters),
             planner=FixedK(k),
-            settings=Settings(max_tokens=n, params=params, **settings),
+            settings=Settings(max_tokens=n, params=params, **extra),
             rng=np.random.default_rng(seed),
             constraint=auto,
         )
@@ -280,3 +282,24 @@ def test_drafts_past_an_accepted_end_of_generation_neither_advance_the_state_nor
     assert toks == [5, 2] and auto.accepted == [5, 2]
     assert stats.stop_reason == "eog"
     assert all(e.logprob is not None for e in events if isinstance(e, Token))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    seed=st.integers(0, 10_000),
+    vocab=st.sampled_from([6, 20, 300]),
+    k=st.integers(1, 8),
+    width=st.integers(1, 6),
+    draft_seed=st.integers(0, 3),
+)
+def test_property_constrained_greedy_is_exact_and_the_state_follows_the_output(
+    seed, vocab, k, width, draft_seed
+):
+    eog = vocab - 1
+    target = FakeModel(seed=seed, n_vocab=vocab, sharpness=2.0, eog=[eog])
+    auto = TokenAutomaton.random(vocab, seed=seed, n_states=3, width=min(width, vocab - 1), eog=[eog])
+    ref = constrained_greedy(target, PROMPT, 30, auto)
+    draft = FakeModel(seed=draft_seed, n_vocab=vocab, table=target.table if draft_seed == 0 else None)
+    toks, _, _ = run(target, auto, [ModelDrafter(draft, p_min=0.0)], k=k, n=30)
+    assert toks == [t for t in ref if t != eog]
+    assert auto.accepted == toks
