@@ -8,6 +8,7 @@ Every decode/truncate is recorded so tests can count passes and check cache posi
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -39,6 +40,7 @@ class FakeModel:
         )
         self.decode_calls: list[tuple[int, int]] = []  # (n_tokens, n_logit_rows)
         self.truncate_calls: list[int] = []
+        self.restored: list[int] = []  # lengths of the states restored (the prompt cache's), in order
 
     # --- protocol -------------------------------------------------------------------------------
     @property
@@ -76,6 +78,25 @@ class FakeModel:
 
     def token_bytes(self, token: int) -> bytes:
         return f"<{token}>".encode()
+
+    # --- prompt cache (decoding/prompt_cache.Stateful) ---------------------------------------------
+    def save_state(self) -> FakeState:
+        return FakeState(tuple(self._tokens), BYTES_PER_TOKEN * len(self._tokens))
+
+    def restore_state(self, state: FakeState) -> bool:
+        self.restored.append(len(state.tokens))
+        self._tokens = list(state.tokens)
+        return True
+
+
+#: What a fake cache "costs" per token in the prompt cache's accounting
+BYTES_PER_TOKEN = 1000
+
+
+@dataclass(frozen=True)
+class FakeState:
+    tokens: tuple[int, ...]
+    nbytes: int
 
 
 def plain_greedy(model: FakeModel, prompt: Sequence[int], n: int) -> list[int]:

@@ -148,6 +148,11 @@ def load(
     _fit_check(cfg, paths, infos)
     note(f"loading {paths[cfg.target].name}")
     on_cpu = cfg.gpu_layers == 0 or not supports_gpu_offload()
+    from ..llama.buildcheck import verified_exact_rows
+
+    # verify batches shown bit-exact on this build, attention with V in f16 (llama.cpp's default) and
+    # in bf16 past 512 cells included (llama/invariance.py); 0: not shown, or not on the CPU it ran on
+    verified = verified_exact_rows(ident) if on_cpu else 0
     target = LlamaModel(
         paths[cfg.target],
         LoadOptions(
@@ -158,10 +163,13 @@ def load(
             # One target, one output: the target loads the same with or without drafters, so
             # `--no-draft` and a speculative run give the same greedy text token for token. Repacked
             # weights stay on (single-token decoding ~5% faster, and their GEMM makes batches of 4+
-            # rows cheap); V in bf16 on the CPU keeps one-token and batched attention alike past
-            # 512 cells (see LoadOptions). Batches beyond the bit-exact size use the tie margin.
+            # rows cheap). V stays in f16, llama.cpp's default and its fastest prefill (bf16 V cost
+            # 0.8x llama-bench's prompt speed), where the build's probe showed f16 attention
+            # bit-exact at every verify width (the patched build: patch 0003); on a CPU build
+            # without that proof V goes to bf16, with which stock llama.cpp runs one row as it runs
+            # several (see LoadOptions). Batches beyond the bit-exact size use the tie margin.
             repack=True,
-            type_v=GGML_TYPE_BF16 if on_cpu else None,
+            type_v=GGML_TYPE_BF16 if on_cpu and not verified else None,
         ),
         name=cfg.target,
     )
@@ -189,13 +197,12 @@ def load(
             out.drafters.append(ModelDrafter(dm, p_min=cfg.p_min))
         if out.drafters:
             from ..decoding.calibration import K_MAX, exact_rows, tie_margin
-            from ..llama.buildcheck import verified_exact_rows
             from ..llama.engine import backend_info
 
             note("measuring batched-vs-one-token rounding (once per model, build and machine)")
             # the build's identity keys every calibration: a rebuild (the patch queue) changes kernels
             backend = out.backend = f"{backend_info().get('system_info', '')} build:{ident['key']}"
-            out.verified_rows = verified_exact_rows(ident) if on_cpu else 0
+            out.verified_rows = verified
             out.tie_margin = tie_margin(target, backend=backend)
             out.exact_rows = exact_rows(target, backend=backend, verified=out.verified_rows)
             if out.exact_rows >= K_MAX + 1 and out.tie_margin > 0.0:

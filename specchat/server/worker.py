@@ -38,6 +38,7 @@ import numpy as np
 from ..decoding.constraint import CompiledGrammar, GrammarSpec
 from ..decoding.events import Done, Round, Stats, Token
 from ..decoding.loop import Planner, Tally
+from ..decoding.prompt_cache import Prepared, PromptCache
 from ..decoding.sampling import SamplingParams
 from ..decoding.session import Engine, answer_events, follow_temperature
 from ..errors import ContextFull, SpecchatError
@@ -144,8 +145,12 @@ class Worker:
         seed: int | None = None,
         queue_size: int = 8,
         log: Callable[[str], None] = lambda _line: None,
+        cache: PromptCache | None = None,
     ) -> None:
         self.backend = backend
+        #: conversations put aside between requests (decoding/prompt_cache.py); None: only the one
+        #: the models' caches hold is reused
+        self.cache = cache
         self.k = k
         self.p_min = p_min  # None: follows each request's temperature
         self.queue_size = queue_size
@@ -194,11 +199,14 @@ class Worker:
 
     def status(self) -> dict[str, object]:
         with self._cond:
-            return {
+            out: dict[str, object] = {
                 "busy": self._current is not None,
                 "waiting": len(self._waiting),
                 "stopping": self._stopping,
             }
+        if self.cache is not None:
+            out["prompt_cache"] = self.cache.status()
+        return out
 
     def shutdown(self) -> None:
         """Stop accepting, end the current answer within a round, refuse the waiting ones."""
@@ -248,16 +256,19 @@ class Worker:
         ok, grammar = self._grammar(job)
         if not ok:
             return
+        echo_lp = req.echo and req.logprobs is not None
+        # an echo with logprobs re-reads its whole prompt: put the cached conversation aside, restore none
+        prepared = self.cache.prepare(prompt, restore=not echo_lp) if self.cache is not None else None
         echoed = ()
-        if req.echo and req.logprobs is not None:
-            echoed = prompt_logprobs(self.backend.target, prompt, req.logprobs)
+        if echo_lp:
+            echoed = prompt_logprobs(self.backend.target, prompt, req.logprobs or 0)
         job.emit(Started(len(prompt), echoed))
         for index in range(req.n):  # one after another: each reuses the prompt the cache holds
             if job.cancelled:  # shutting down or hung up: the answers not begun are empty
                 empty = Tally(prompt_tokens=len(prompt)).snapshot("interrupted")
                 job.emit(Finished(empty, "length", 0, index))
             else:
-                self._answer(job, prompt, index, grammar)
+                self._answer(job, prompt, index, prepared if index == 0 else None, grammar)
         if grammar is not None:
             grammar.close()  # (after an engine failure, garbage collection frees it)
 
@@ -274,7 +285,12 @@ class Worker:
             return False, None
 
     def _answer(
-        self, job: Job, prompt: list[int], index: int, grammar: CompiledGrammar | None = None
+        self,
+        job: Job,
+        prompt: list[int],
+        index: int,
+        prepared: Prepared | None = None,
+        grammar: CompiledGrammar | None = None,
     ) -> None:
         req = job.request
         backend = self.backend
@@ -332,7 +348,11 @@ class Worker:
         cached = cached_tokens(stats)
         reason = finish_reason(stats.stop_reason, stopped_by_string=stops.stopped)
         job.emit(Finished(stats, reason, cached, index))
-        self.log(_summary(req, stats, cached, index))
+        line = _summary(req, stats, cached, index)
+        if prepared is not None and (prepared.restored or prepared.saved) and self.cache is not None:
+            what = f"{prepared.restored} restored" if prepared.restored else "none restored"
+            line += f" · prompt cache: {what} in {prepared.seconds * 1000:.0f} ms, {self.cache.summary()}"
+        self.log(line)
 
     def _prompt(self, job: Job) -> list[int] | None:
         """The request's token ids through the chat template (or as plain text); None after telling
