@@ -21,7 +21,9 @@ from .pair import check_pair
 from .registry import ModelRef
 
 if TYPE_CHECKING:
+    from ..decoding.constraint import GrammarSpec
     from ..decoding.loop import Planner
+    from ..llama.grammar import Grammar
 
 NGRAM = "ngram"
 
@@ -103,6 +105,13 @@ class LoadedEngine:
         from ..decoding.planner import make_planner
 
         return make_planner(self.loaded, k, seed=seed if seed is not None else self.seed)
+
+    def constraint(self, spec: GrammarSpec) -> Grammar:
+        """A request's grammar (or JSON schema) compiled for the target's vocabulary (BadInput when
+        it cannot be); each answer walks `start()`, the caller closes it (server/worker.py)."""
+        from ..llama.grammar import compile_grammar
+
+        return compile_grammar(self.loaded.target, spec)
 
 
 def locate(spec: str, *, offline: bool | None, console: object | None = None) -> Path:

@@ -35,6 +35,7 @@ from typing import Protocol
 
 import numpy as np
 
+from ..decoding.constraint import CompiledGrammar, GrammarSpec
 from ..decoding.events import Done, Round, Stats, Token
 from ..decoding.loop import Planner, Tally
 from ..decoding.prompt_cache import Prepared, PromptCache
@@ -55,6 +56,10 @@ class Backend(Engine, Protocol):
         ...
 
     def planner(self, k: int | None, *, seed: int | None = None) -> Planner: ...
+
+    def constraint(self, spec: GrammarSpec) -> CompiledGrammar:
+        """`spec` compiled for the target's vocabulary; a SpecchatError says why it cannot be."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,6 +253,9 @@ class Worker:
         prompt = self._prompt(job)
         if prompt is None:
             return
+        ok, grammar = self._grammar(job)
+        if not ok:
+            return
         echo_lp = req.echo and req.logprobs is not None
         # an echo with logprobs re-reads its whole prompt: put the cached conversation aside, restore none
         prepared = self.cache.prepare(prompt, restore=not echo_lp) if self.cache is not None else None
@@ -260,9 +268,30 @@ class Worker:
                 empty = Tally(prompt_tokens=len(prompt)).snapshot("interrupted")
                 job.emit(Finished(empty, "length", 0, index))
             else:
-                self._answer(job, prompt, index, prepared if index == 0 else None)
+                self._answer(job, prompt, index, prepared if index == 0 else None, grammar)
+        if grammar is not None:
+            grammar.close()  # (after an engine failure, garbage collection frees it)
 
-    def _answer(self, job: Job, prompt: list[int], index: int, prepared: Prepared | None = None) -> None:
+    def _grammar(self, job: Job) -> tuple[bool, CompiledGrammar | None]:
+        """The request's grammar compiled once, before the response starts (so a bad one is a 400
+        naming its field); (False, None) after telling the client why it cannot be."""
+        spec = job.request.grammar
+        if spec is None:
+            return True, None
+        try:
+            return True, self.backend.constraint(spec)
+        except SpecchatError as exc:
+            job.emit(ApiError(f"invalid {spec.param}: {_plain(exc)}", param=spec.param))
+            return False, None
+
+    def _answer(
+        self,
+        job: Job,
+        prompt: list[int],
+        index: int,
+        prepared: Prepared | None = None,
+        grammar: CompiledGrammar | None = None,
+    ) -> None:
         req = job.request
         backend = self.backend
         params = SamplingParams(temperature=req.temperature, top_k=req.top_k, top_p=req.top_p)
@@ -275,6 +304,7 @@ class Worker:
             planner = backend.planner(self.k, seed=seed) if drafters else None
             rng = np.random.default_rng(seed)
         tally = Tally()
+        constraint = grammar.start() if grammar is not None else None  # each answer from the start
         events = answer_events(
             backend,
             prompt,
@@ -285,6 +315,7 @@ class Worker:
             rng=rng,
             tally=tally,
             logprobs=req.logprobs,
+            constraint=constraint,
         )
         stops = StopFilter(req.stop)
         gate: TokenGate[LogprobEntry] | None = TokenGate() if req.logprobs is not None else None
@@ -308,6 +339,8 @@ class Worker:
                     stats = ev.stats
         finally:
             events.close()  # within the round: caches keep a prefix of what was committed
+            if constraint is not None:
+                constraint.close()
         if stats is None:
             stats = tally.snapshot("stop_string" if stops.stopped else "interrupted")
         last = [*stops.feed(pending), *stops.flush()]
