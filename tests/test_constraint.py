@@ -29,6 +29,10 @@ class OracleDrafter:
 
     name = "oracle"
     source = Source.DRAFT
+    model = None
+    prior = (1.0, 1.0)
+    route_priors: dict[str, tuple[float, float]] = {}  # noqa: RUF012 (a protocol attribute, never changed)
+    p_min = None
 
     def __init__(self, prompt: Sequence[int], reference: Sequence[int]) -> None:
         self.prompt, self.reference = list(prompt), list(reference)
@@ -47,6 +51,9 @@ class OracleDrafter:
         return None
 
     def settle(self, context: Sequence[int]) -> None:
+        return None
+
+    def reset(self) -> None:
         return None
 
 

@@ -120,7 +120,7 @@ def follow_temperature(
     planner) unless the user fixed it (`p_min`)."""
     value = p_min if p_min is not None else default_p_min(params, auto=auto)
     for d in drafters:
-        if hasattr(d, "p_min"):
+        if d.p_min is not None:  # None: a drafter without a confidence cut-off
             d.p_min = value
 
 

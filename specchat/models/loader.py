@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..decoding import registry
 from ..decoding.drafters import Drafter, ModelDrafter
 from ..errors import BadInput, ContextFull, ModelFileError
 from ..llama.engine import GGML_TYPE_BF16, LlamaModel, LoadOptions, render_chat, supports_gpu_offload
@@ -24,8 +25,6 @@ if TYPE_CHECKING:
     from ..decoding.constraint import GrammarSpec
     from ..decoding.loop import Planner
     from ..llama.grammar import Grammar
-
-NGRAM = "ngram"
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,7 +134,7 @@ def load(
 
     ident = build_identity()  # the installed build: refused if recorded bad, keys the calibration below
     refuse_known_bad(ident)
-    model_specs = [d for d in cfg.drafts if d != NGRAM]
+    model_specs = [d for d in cfg.drafts if not registry.is_model_free(d)]
     fit_before_download(
         [_resolve(s) for s in [cfg.target, *model_specs]],
         ctx_size=cfg.ctx_size,
@@ -176,10 +175,8 @@ def load(
     out = Loaded(target=target, drafters=[], strict=cfg.strict)
     try:
         for spec in cfg.drafts:
-            if spec == NGRAM:
-                from ..decoding.drafters import NgramDrafter
-
-                out.drafters.append(NgramDrafter())
+            if registry.is_model_free(spec):
+                out.drafters.append(registry.make(spec))
                 continue
             note(f"loading draft {paths[spec].name}")
             dm = LlamaModel(
