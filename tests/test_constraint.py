@@ -120,7 +120,7 @@ def test_cheap_path_checks_a_few_tokens_not_the_vocabulary():
 
 
 class NoisyBatchModel(FakeModel):
-    """Batched rows round differently from one-token rows (see test_speculative)."""
+    """Batched rows round differently from one-token rows (see test_loop)."""
 
     def __init__(self, eps: float, **kw):
         super().__init__(**kw)

@@ -189,7 +189,7 @@ def best_k(
     # A round's value, for every prefix in one pass (the planner runs this every round over up to
     # 48 depths). Each row reached and not tied yields one token (an accepted draft, a correction or
     # the bonus); a tied row yields nothing and hands its position to a one-token round: with
-    # β = 1 − tie the round is a walk with acceptance β·α_i. (tests/test_tuning.py keeps the per-k
+    # β = 1 − tie the round is a walk with acceptance β·α_i. (tests/test_planner.py keeps the per-k
     # definition, round_value, and checks this pass against it.)
     beta = 1.0 - tie
     total, run = 1.0, 1.0  # expected_tokens(rates[:k])

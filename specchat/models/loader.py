@@ -50,7 +50,7 @@ class Loaded:
     drafters: list[Drafter]
     warnings: list[str] = field(default_factory=list)
     draft_models: list[LlamaModel] = field(default_factory=list)
-    tie_margin: float = 0.0  # greedy verification: see speculative.Settings
+    tie_margin: float = 0.0  # greedy verification: see decoding.loop.Settings
     exact_rows: int = 0  # ditto
     strict: bool = False  # ditto
     backend: str = ""  # llama.cpp's system info and build: keys the calibration caches (see make_planner)
@@ -66,7 +66,7 @@ class Loaded:
 
 @dataclass(slots=True)
 class LoadedEngine:
-    """`chat.Engine` over models from `load`: the GGUF chat template and the real planner (what the
+    """`decoding.session.Engine` over models from `load`: the GGUF chat template and the real planner (what the
     chat session code is handed, by every front end that has one)."""
 
     loaded: Loaded
