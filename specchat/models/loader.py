@@ -66,8 +66,8 @@ class Loaded:
 
 @dataclass(slots=True)
 class LoadedEngine:
-    """`decoding.session.Engine` over models from `load`: the GGUF chat template and the real planner (what the
-    chat session code is handed, by every front end that has one)."""
+    """`decoding.session.Engine` over models from `load`: the GGUF chat template and the real planner
+    (what the chat session code is handed, by every front end that has one)."""
 
     loaded: Loaded
     seed: int | None = None
