@@ -8,6 +8,7 @@ Every decode/truncate is recorded so tests can count passes and check cache posi
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -39,6 +40,7 @@ class FakeModel:
         )
         self.decode_calls: list[tuple[int, int]] = []  # (n_tokens, n_logit_rows)
         self.truncate_calls: list[int] = []
+        self.restored: list[int] = []  # lengths of the states restored (the prompt cache's), in order
 
     # --- protocol -------------------------------------------------------------------------------
     @property
@@ -76,6 +78,25 @@ class FakeModel:
 
     def token_bytes(self, token: int) -> bytes:
         return f"<{token}>".encode()
+
+    # --- prompt cache (decoding/prompt_cache.Stateful) ---------------------------------------------
+    def save_state(self) -> FakeState:
+        return FakeState(tuple(self._tokens), BYTES_PER_TOKEN * len(self._tokens))
+
+    def restore_state(self, state: FakeState) -> bool:
+        self.restored.append(len(state.tokens))
+        self._tokens = list(state.tokens)
+        return True
+
+
+#: What a fake cache "costs" per token in the prompt cache's accounting
+BYTES_PER_TOKEN = 1000
+
+
+@dataclass(frozen=True)
+class FakeState:
+    tokens: tuple[int, ...]
+    nbytes: int
 
 
 def plain_greedy(model: FakeModel, prompt: Sequence[int], n: int) -> list[int]:
@@ -117,3 +138,74 @@ class DriftModel(FakeModel):
     def truncate(self, n):
         super().truncate(n)
         del self.written_by_batch[n:]
+
+
+class TokenAutomaton:
+    """A pure-Python `decoding.constraint.Constraint`: a deterministic automaton over token ids.
+
+    `moves[state]` maps each token allowed there to the next state; in an `accepting` state the
+    `eog` tokens are allowed too (the output may end). Random ones (`random`) let tests prove the
+    loop's constrained output equals the constrained target's, whatever the drafter proposes."""
+
+    def __init__(self, moves: dict[int, dict[int, int]], accepting: set[int], eog: Sequence[int]) -> None:
+        self.moves = moves
+        self.accepting = accepting
+        self.eog = set(eog)
+        self.state = 0
+        self.accepted: list[int] = []
+        self.checks = 0  # how many tokens were checked, in all calls
+        self.largest = 0  # the most tokens one call checked (a full mask: the vocabulary)
+
+    @classmethod
+    def random(
+        cls, n_vocab: int, *, seed: int, n_states: int = 5, width: int = 4, eog: Sequence[int] = ()
+    ) -> TokenAutomaton:
+        rng = np.random.default_rng(seed)
+        ordinary = [t for t in range(n_vocab) if t not in set(eog)]
+        moves = {
+            s: {int(t): int(rng.integers(n_states)) for t in rng.choice(ordinary, width, replace=False)}
+            for s in range(n_states)
+        }
+        return cls(moves, {n_states - 1}, eog)
+
+    def allows(self, token: int) -> bool:
+        return token in self.moves[self.state] or (self.state in self.accepting and token in self.eog)
+
+    def allowed(self, tokens: np.ndarray) -> np.ndarray:
+        self.checks += len(tokens)
+        self.largest = max(self.largest, len(tokens))
+        return np.array([self.allows(int(t)) for t in tokens], dtype=bool)
+
+    def accept(self, token: int) -> None:
+        assert token in self.moves[self.state], f"token {token} is not allowed in state {self.state}"
+        self.accepted.append(token)
+        self.state = self.moves[self.state][token]
+
+    def close(self) -> None:
+        return None
+
+    def start(self) -> TokenAutomaton:  # as a CompiledGrammar: each answer walks its own state
+        return self.fresh()
+
+    def fresh(self) -> TokenAutomaton:
+        return TokenAutomaton(self.moves, self.accepting, sorted(self.eog))
+
+
+def constrained_greedy(
+    model: FakeModel, prompt: Sequence[int], n: int, automaton: TokenAutomaton
+) -> list[int]:
+    """Reference: greedy decoding of the model's logits restricted to what `automaton` allows."""
+    auto = automaton.fresh()
+    ctx = list(prompt)
+    out: list[int] = []
+    for _ in range(n):
+        row = model.logits_after(ctx).copy()
+        ok = auto.allowed(np.arange(model.n_vocab))
+        row[~ok] = -np.inf
+        tok = int(np.argmax(row))
+        out.append(tok)
+        ctx.append(tok)
+        if model.is_eog(tok):
+            break
+        auto.accept(tok)
+    return out

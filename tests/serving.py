@@ -18,6 +18,7 @@ import httpx
 import openai
 import pytest
 
+from specchat.decoding.prompt_cache import PromptCache
 from specchat.models import loader
 from specchat.server.api import Defaults
 from specchat.server.app import ServerThread, bind, create_app
@@ -26,10 +27,21 @@ from specchat.server.worker import Worker
 
 @contextmanager
 def serving(
-    backend: object, *, queue: int = 8, api_key: str | None = None, k: int | None = 3, max_tokens: int = 32
+    backend: object,
+    *,
+    queue: int = 8,
+    api_key: str | None = None,
+    k: int | None = 3,
+    max_tokens: int = 32,
+    cache_bytes: int | None = None,
 ) -> Iterator[str]:
-    """A server on 127.0.0.1 (free port) over `backend`; yields its base URL (…/v1)."""
-    worker = Worker(backend, k=k, queue_size=queue)  # type: ignore[arg-type]
+    """A server on 127.0.0.1 (free port) over `backend`; yields its base URL (…/v1). `cache_bytes`:
+    a prompt cache of that size over a LoadedEngine's models (None: none, as before)."""
+    cache = None
+    if cache_bytes is not None:
+        loaded = backend.loaded  # type: ignore[attr-defined]
+        cache = PromptCache(loaded.target, loaded.draft_models, budget_bytes=cache_bytes)
+    worker = Worker(backend, k=k, queue_size=queue, cache=cache)  # type: ignore[arg-type]
     app = create_app(worker, model="tiny", defaults=Defaults(max_tokens=max_tokens), api_key=api_key)
     http = ServerThread(app, bind("127.0.0.1", 0), graceful_seconds=2)
     worker.start()

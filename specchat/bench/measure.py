@@ -63,9 +63,7 @@ def _reset(target: Model, drafters: Sequence[Drafter]) -> None:
     """Empty every cache, so each generation pays for its own prompt and nothing is reused."""
     target.truncate(0)
     for d in drafters:
-        model = getattr(d, "model", None)
-        if model is not None:
-            model.truncate(0)
+        d.reset()  # a draft model's cache, and whatever a model-free drafter learned from the text
 
 
 def generate_once(

@@ -25,7 +25,6 @@ from ..errors import BadInput
 from ..llama.reference import find_program
 from .common import check_range, err_console, guarded, load_models, out_console
 from .options import (
-    NGRAM,
     CtxOpt,
     DraftGpuOpt,
     DraftOpt,
@@ -261,6 +260,8 @@ def _references(exe: Path, loaded: Loaded, max_tokens: int, opts: Options) -> di
 def bench_drafts(target: str) -> tuple[str, ...]:
     """What `bench` compares without --draft: the default drafts `run` would use, plus the model-free
     n-gram drafter (once, should the defaults already include it)."""
+    from ..decoding.registry import NGRAM
+
     return tuple(dict.fromkeys((*default_drafts(target), NGRAM)))
 
 
@@ -368,13 +369,13 @@ def _run_with_progress(
 def _print_export(fmt: str, opts: Options, drafts: tuple[str, ...], *, err: Console) -> None:
     """The server command line on stdout (copy-pasteable), notes about it on stderr."""
     from ..bench.export import llama_server_command, vllm_command
-    from ..decoding.drafters import NgramDrafter
     from ..decoding.planner import K_MAX
+    from ..decoding.registry import NGRAM, is_model_free, make
 
     target = _server_model(opts.target)
-    models = [_server_model(d) for d in drafts if d != NGRAM]
+    models = [_server_model(d) for d in drafts if not is_model_free(d)]
     if fmt == "vllm":
-        ngram = NgramDrafter()
+        ngram = make(NGRAM)  # its lookup window, for vLLM's equivalent method
         argv, notes = vllm_command(
             target,
             models,

@@ -24,7 +24,6 @@ if TYPE_CHECKING:
     from ..decoding.sampling import SamplingParams
     from ..models.loader import LoadConfig
 
-NGRAM = "ngram"  # the model-free drafter's name on the command line (loader.NGRAM)
 
 # --- option types, reused by every command that takes the setting -----------------------------------------
 TargetArg = Annotated[
@@ -128,6 +127,7 @@ def default_drafts(target: str) -> tuple[str, ...]:
     registry gets n-gram lookup alone. The one place that decides it, for every command. hf: and
     ORG/REPO:QUANT targets that are in the registry count too, since `resolve` finds their alias.
     """
+    from ..decoding.registry import NGRAM
     from ..models.registry import load_registry, resolve
 
     reg = load_registry()
@@ -200,7 +200,9 @@ class Options:
         if self.drafts:
             return tuple(dict.fromkeys(self.drafts))  # a drafter given twice is loaded once
         chosen = default_drafts(self.target)
-        models = [d for d in chosen if d != NGRAM]
+        from ..decoding.registry import is_model_free
+
+        models = [d for d in chosen if not is_model_free(d)]
         if models and announce is not None:  # a draft model the user did not name: say which
             announce(
                 f"using the recommended draft {' + '.join(models)} and n-gram lookup where they pay "

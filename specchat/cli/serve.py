@@ -103,6 +103,17 @@ def serve(
     queue: Annotated[
         int, typer.Option("--queue", help="Requests that may wait while one generates; more get HTTP 503.")
     ] = 8,
+    cache_ram: Annotated[
+        int | None,
+        typer.Option(
+            "--cache-ram",
+            metavar="MIB",
+            help="Host memory for the prompt cache: conversations put aside between requests and "
+            "restored when they come back (the target's K/V; a draft model's copies add its share). "
+            "Default: a quarter of the free RAM, at most 8192. 0 turns it off.",
+            show_default=False,
+        ),
+    ] = None,
     offline: OfflineOpt = False,
     force: ForceOpt = False,
     strict: StrictOpt = False,
@@ -112,7 +123,8 @@ def serve(
 
     Point any OpenAI client at http://HOST:PORT/v1, or a browser at http://HOST:PORT/ (a chat page
     that colours tokens by source). Each request reuses the KV cache for the prompt prefix it shares
-    with the last one, so a resent conversation decodes only its new tokens. Responses carry `usage`
+    with the last one, so a resent conversation decodes only its new tokens, and conversations put
+    aside are kept in host memory (--cache-ram) and restored when they come back. Responses carry `usage`
     and a `speculative` object; stream chunks say each token's source.
 
     Examples:
@@ -129,6 +141,8 @@ def serve(
     )  # fmt: skip
     check_range("--port", port, 0, 65535)
     check_range("--queue", queue, 0, 10_000)
+    if cache_ram is not None:
+        check_range("--cache-ram", cache_ram, 0, 1 << 30)
     if api_key is not None and not api_key.strip():
         raise BadInput("--api-key is empty", "give a non-empty key, or leave --api-key out")
     from ..server.app import bind, is_loopback
@@ -147,7 +161,9 @@ def serve(
         )
         loaded = load_models(opts.load_config(drafts), err)
         try:
-            _serve_loaded(loaded, opts, sock, host=host, api_key=api_key, queue=queue, err=err)
+            _serve_loaded(
+                loaded, opts, sock, host=host, api_key=api_key, queue=queue, cache_ram=cache_ram, err=err
+            )
         finally:
             loaded.close()
     finally:
@@ -162,9 +178,11 @@ def _serve_loaded(
     host: str,
     api_key: str | None,
     queue: int,
+    cache_ram: int | None,
     err: Console,
 ) -> None:
     """Serve until a signal; the models stay open until both threads have stopped using them."""
+    from ..decoding.prompt_cache import PromptCache
     from ..models.loader import LoadedEngine
     from ..server.api import Defaults
     from ..server.app import ServerThread, create_app
@@ -180,6 +198,7 @@ def _serve_loaded(
             seed=opts.seed,
             queue_size=queue,
             log=lambda line: err.print(f"[dim]{escape(line)}[/]", highlight=False, soft_wrap=True),
+            cache=PromptCache(loaded.target, loaded.draft_models, budget_bytes=cache_bytes(cache_ram)),
         )
     model = model_id(opts.target, loaded.target.path)
     drafts = [d.name for d in loaded.drafters]
@@ -255,6 +274,19 @@ def _stop_requested(http: ServerThread) -> Iterator[threading.Event]:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+#: The prompt cache's default ceiling (llama-server's --cache-ram default too).
+CACHE_RAM_MAX_MIB = 8192
+
+
+def cache_bytes(mib: int | None) -> int:
+    """--cache-ram in bytes; None: a quarter of the RAM free now, at most CACHE_RAM_MAX_MIB."""
+    if mib is not None:
+        return mib << 20
+    import psutil
+
+    return min(CACHE_RAM_MAX_MIB << 20, psutil.virtual_memory().available // 4)
 
 
 def model_id(spec: str, path: Path) -> str:

@@ -342,7 +342,7 @@ def calibrate(
     draft: list[float] = []
     catch_up: list[float] = []
     for dm in draft_models:
-        if dm is None:  # a model-free drafter: its cost is measured online and is ~0
+        if dm is None:  # a model-free drafter: its proposals cost the planner nothing (never learned)
             draft.append(0.0)
             catch_up.append(0.0)
             continue

@@ -8,8 +8,9 @@ make generation slower, never wrong.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Protocol
 
 import numpy as np
@@ -53,8 +54,22 @@ class DraftBudget:
 
 
 class Drafter(Protocol):
+    """What the loop and the planner need of a draft source, declared by the drafter itself (the
+    planner never asks what class it is): a new drafter is one module implementing this plus one
+    entry in decoding/registry.py (model-free) or a model reference (ModelDrafter)."""
+
     name: str
     source: Source
+    #: the model it runs, or None for a model-free drafter. A model's per-token cost is calibrated
+    #: and learned, it must catch up on tokens committed while it was idle (lag), and its cache is
+    #: what the server's prompt cache saves; a model-free drafter's proposals are free to the planner
+    model: Model | None
+    #: Beta(a, b) prior of a drafted token's acceptance before any evidence on its routes
+    prior: tuple[float, float]
+    #: per-route priors (route() names) that override `prior` where they are known
+    route_priors: Mapping[str, tuple[float, float]]
+    #: confidence cut-off for drafting (follow_temperature sets it); None: the drafter has none
+    p_min: float | None
 
     def route(self, context: Sequence[int]) -> str | None:
         """The kind of context this round is in, for the planner's per-context acceptance statistics
@@ -88,7 +103,13 @@ class Drafter(Protocol):
         ...
 
     def settle(self, context: Sequence[int]) -> None:
-        """Forget anything beyond `context` (called when generation stops)."""
+        """The answer ended with `context` committed (however it ended: its end, a stop string, a
+        hang-up): forget anything beyond it. The end-of-answer hook; called once per answer."""
+        ...
+
+    def reset(self) -> None:
+        """Forget everything learned from earlier text (the bench calls it between measurements,
+        so no measurement reuses what another one left behind)."""
         ...
 
 
@@ -108,15 +129,22 @@ class ModelDrafter:
     only decodes the tokens committed since its last proposal (usually one or two)."""
 
     source = Source.DRAFT
+    #: a draft of the target's own family agrees with it more often than not from the start
+    prior = (3.0, 2.0)
+    route_priors: Mapping[str, tuple[float, float]] = MappingProxyType({})
 
     def __init__(self, model: Model, p_min: float) -> None:
-        self.model = model
+        self._model = model
         self.name = model.name
-        self.p_min = p_min
+        self.p_min: float | None = p_min
+
+    @property
+    def model(self) -> Model:
+        return self._model
 
     def route(self, context: Sequence[int]) -> str | None:
         """One route: a model drafts anywhere, and its confidence stop already adapts per token."""
-        return "model" if len(context) < self.model.n_ctx else None
+        return "model" if len(context) < self._model.n_ctx else None
 
     def propose(
         self,
@@ -132,11 +160,11 @@ class ModelDrafter:
         budget's floor."""
         start = time.perf_counter()
         out = Proposal(q=None if params.greedy else [])
-        room = self.model.n_ctx - len(context)
+        room = self._model.n_ctx - len(context)
         k = min(k, room)
         if k <= 0:
             return out
-        logits = sync_cache(self.model, context, logits_row_last=True)
+        logits = sync_cache(self._model, context, logits_row_last=True)
         out.catch_up_seconds = time.perf_counter() - start
         reach = 1.0
         for i in range(k):
@@ -155,22 +183,25 @@ class ModelDrafter:
             out.confidence.append(conf)
             if out.q is not None:
                 out.q.append(q)
-            if i == k - 1 or self.model.is_eog(tok):
+            if i == k - 1 or self._model.is_eog(tok):
                 break
-            logits = self.model.decode([tok], [0])[0]
+            logits = self._model.decode([tok], [0])[0]
         out.seconds = time.perf_counter() - start
         return out
 
     def lag(self, context: Sequence[int]) -> int:
-        return len(context) - common_prefix_len(self.model.tokens, context)
+        return len(context) - common_prefix_len(self._model.tokens, context)
 
     def prepare(self, context: Sequence[int]) -> None:
-        sync_cache(self.model, context, logits_row_last=False)
+        sync_cache(self._model, context, logits_row_last=False)
 
     def settle(self, context: Sequence[int]) -> None:
-        keep = common_prefix_len(self.model.tokens, context)
-        if keep < len(self.model.tokens):
-            self.model.truncate(keep)
+        keep = common_prefix_len(self._model.tokens, context)
+        if keep < len(self._model.tokens):
+            self._model.truncate(keep)
+
+    def reset(self) -> None:
+        self._model.truncate(0)
 
 
 #: Match-length classes for routing (lower bounds, in tokens). How long the context's suffix matches
@@ -230,7 +261,10 @@ class NgramDrafter:
     """
 
     source = Source.NGRAM
-    route_priors = NGRAM_ROUTE_PRIORS
+    model = None
+    prior = (1.0, 1.0)
+    route_priors: Mapping[str, tuple[float, float]] = MappingProxyType(NGRAM_ROUTE_PRIORS)
+    p_min = None  # a lookup has no confidence; the planner's per-route statistics judge it
 
     def __init__(
         self,
@@ -252,12 +286,15 @@ class NgramDrafter:
         self._index: dict[int, dict[tuple[int, ...], list[int]]] = {n: {} for n in range(min_n, max_n + 1)}
         self._copy = CopyFollower(learn=learn_edits, resync=resync)
 
+    def reset(self) -> None:
+        self._seen = []
+        self._index = {n: {} for n in self._index}
+        self._copy = CopyFollower(learn=self.learn_edits, resync=self.resync)
+
     def _sync(self, context: Sequence[int]) -> None:
         """Index every n-gram that ends before the context's last token."""
         if common_prefix_len(self._seen, context) < len(self._seen):  # context changed: re-index
-            self._seen = []
-            self._index = {n: {} for n in self._index}
-            self._copy = CopyFollower(learn=self.learn_edits, resync=self.resync)
+            self.reset()
         seen = self._seen
         for pos in range(len(seen), len(context) - 1):
             seen.append(int(context[pos]))

@@ -20,10 +20,6 @@ class Source(str, Enum):
     BONUS = "bonus"  # target's extra token after all drafts of a round were accepted
     TARGET = "target"  # plain decoding (no draft this round)
 
-    @property
-    def from_draft(self) -> bool:
-        return self in (Source.DRAFT, Source.NGRAM)
-
 
 #: The token-source legend, shared by the terminal's stream and the web page (both import it from here).
 #: One colour per provenance. Green = the draft was right; red = the target had to correct it;

@@ -10,6 +10,8 @@ are never used. Which distribution is reported:
 * temperature > 0: the distribution the token was sampled from, after temperature, top-k and top-p
   (`sampling.support`, the same code that samples), as OpenAI reports. Tokens those filters removed
   have probability 0 and are not listed, so `top` may be shorter than asked.
+* under a constraint (a grammar: decoding/constraint.py) the same, of the constrained distribution:
+  the loop passes the masked rows (forbidden tokens at -inf), which are never listed.
 
 The loop computes these only when asked (`loop.Settings.logprobs`): a few passes over the
 row (maximum, normaliser, candidates), 0.4 ms per token on a 152k vocabulary in cache and 1.1 ms in
@@ -71,7 +73,10 @@ def _top_ids(row: np.ndarray, m: float, need: int) -> np.ndarray:
     width = 4.0
     while True:
         idx = np.flatnonzero(row >= m - width)  # ascending ids
-        if idx.size >= need or not math.isfinite(width):
+        if idx.size >= need:
+            break
+        if width > 1e30:  # every finite logit is in; the rest are -inf (tokens a constraint forbids)
+            need = idx.size
             break
         width *= 4.0
     if idx.size == need:

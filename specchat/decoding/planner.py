@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .calibration import K_MAX, Costs, calibrate
-from .drafters import DraftBudget
+from .drafters import DraftBudget, Drafter
 from .events import Round, Stats
 
 DECAY = 0.97  # per observed round: ~33 rounds of memory
@@ -189,7 +189,7 @@ def best_k(
     # A round's value, for every prefix in one pass (the planner runs this every round over up to
     # 48 depths). Each row reached and not tied yields one token (an accepted draft, a correction or
     # the bonus); a tied row yields nothing and hands its position to a one-token round: with
-    # β = 1 − tie the round is a walk with acceptance β·α_i. (tests/test_tuning.py keeps the per-k
+    # β = 1 − tie the round is a walk with acceptance β·α_i. (tests/test_planner.py keeps the per-k
     # definition, round_value, and checks this pass against it.)
     beta = 1.0 - tie
     total, run = 1.0, 1.0  # expected_tokens(rates[:k])
@@ -443,21 +443,20 @@ def make_planner(loaded: object, k: int | None, *, seed: int | None = None):  # 
     `loaded.backend` (the engine's system info and build, when it has one) keys the calibration
     cache; `loaded.verified_rows` is what the build's invariance probe showed (calibration.exact_rows).
     """
-    from .drafters import ModelDrafter
     from .loop import FixedK
 
-    drafters = getattr(loaded, "drafters", [])
+    drafters: Sequence[Drafter] = getattr(loaded, "drafters", [])
     if k is not None or not drafters:
         return FixedK(k if k is not None else 0)
-    models = [d.model if isinstance(d, ModelDrafter) else None for d in drafters]
+    models = [d.model for d in drafters]  # None: model-free (its proposals cost the planner nothing)
     costs = calibrate(
         loaded.target,  # type: ignore[attr-defined]
         models,
         backend=str(getattr(loaded, "backend", "")),
         verified=int(getattr(loaded, "verified_rows", 0)),
     )
-    priors = [(3.0, 2.0) if m is not None else (1.0, 1.0) for m in models]
-    route_priors = [getattr(d, "route_priors", {}) for d in drafters]
+    priors = [d.prior for d in drafters]
+    route_priors = [d.route_priors for d in drafters]
     return AutoPlanner(
         costs,
         priors,

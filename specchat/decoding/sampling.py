@@ -44,6 +44,19 @@ def greedy(logits: np.ndarray) -> int:
     return int(np.argmax(logits))
 
 
+def greedy_gap(logits: np.ndarray) -> tuple[int, float]:
+    """The greedy token (sampling.greedy's argmax) and its logit gap to the second-best token: how
+    close this choice is to a tie. (Two max passes around the argmax: ~6x faster than np.partition
+    on a 152k vocabulary, which matters when every row of a 16-49 row verify batch is checked; and
+    the argmax is found once for both.)"""
+    i = int(np.argmax(logits))
+    if logits.shape[0] < 2:
+        return i, float("inf")
+    left = logits[:i].max() if i > 0 else -np.inf
+    right = logits[i + 1 :].max() if i + 1 < logits.shape[0] else -np.inf
+    return i, float(logits[i] - max(left, right))
+
+
 def top_prob(logits: np.ndarray) -> tuple[int, float]:
     """The argmax token and its softmax probability at temperature 1: the draft's confidence."""
     top = int(np.argmax(logits))

@@ -25,6 +25,7 @@ from typing import Protocol
 import numpy as np
 
 from ..errors import BadInput, ContextFull
+from .constraint import Constraint
 from .drafters import Drafter, default_p_min
 from .events import Done, Event, Stats, Token
 from .loop import Planner, Settings, Tally, generate
@@ -83,13 +84,15 @@ def answer_events(
     rng: np.random.Generator,
     tally: Tally,
     logprobs: int | None = None,
+    constraint: Constraint | None = None,
 ) -> Generator[Event, None, None]:
     """The speculative loop over an engine's models, with the verification settings loading measured.
 
     Whatever the engine's caches hold from the last answer is reused by common prefix (see the module
     docstring); the chat session, the HTTP server and `specchat run` all generate through here.
     `logprobs`: give each Token the target's log-probabilities with this many alternatives
-    (loop.Settings.logprobs; None computes nothing).
+    (loop.Settings.logprobs; None computes nothing). `constraint`: output the constrained target's
+    (a grammar compiled for this answer: decoding/constraint.py).
     """
     return generate(
         engine.target,
@@ -106,6 +109,7 @@ def answer_events(
         ),
         rng=rng,
         tally=tally,
+        constraint=constraint,
     )
 
 
@@ -116,7 +120,7 @@ def follow_temperature(
     planner) unless the user fixed it (`p_min`)."""
     value = p_min if p_min is not None else default_p_min(params, auto=auto)
     for d in drafters:
-        if hasattr(d, "p_min"):
+        if d.p_min is not None:  # None: a drafter without a confidence cut-off
             d.p_min = value
 
 

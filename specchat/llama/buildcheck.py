@@ -126,7 +126,7 @@ class CheckResult:
 
 
 def results_file() -> Path:
-    """Where verdicts are kept, beside tuning's calibration (store.home())."""
+    """Where verdicts are kept, beside the planner's calibration (store.home())."""
     return store.home() / "buildcheck.json"
 
 

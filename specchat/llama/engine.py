@@ -31,23 +31,43 @@ class LoadOptions:
     threads: int | None = None
     n_batch: int = 512
     verbose: bool = False
-    #: llama.cpp's CPU "extra buffers" repack quantised weights for faster batched matmuls, but their
-    #: GEMM kernel (used from 4 rows up on x86) rounds differently from the one-token path, enough to
-    #: flip near-tied greedy choices. Without repack, batches of up to 7 rows are bit-identical to
-    #: one-token decoding (measured: calibration.exact_batch), but every target loads with it on
-    #: (loader.load: one target, one output) and rows beyond the exact batch use the tie margin; off
-    #: only for the build self-check's reference evaluation (buildcheck).
+    #: llama.cpp's CPU "extra buffers" repack quantised weights for faster batched matmuls. On a
+    #: stock build their GEMM (from 4 rows on x86) rounds differently from the one-token path; the
+    #: patched build (patches/llama.cpp 0001, 0002) makes every verify width round alike, as its
+    #: invariance probe shows. Every target loads with it on (loader.load: one target, one output);
+    #: off only for the build self-check's reference evaluation (buildcheck).
     repack: bool = True
-    #: ggml type of the V cache (None: llama.cpp's default, f16). A verifying CPU target keeps
-    #: V in bf16: with K and V of different types llama.cpp's CPU flash attention runs one query row
-    #: exactly as it runs several. With both f16 it splits the KV across threads for a single row
-    #: once the cache reaches 512 cells, so one-token decoding and batched verification part in the
-    #: last bits (up to ~0.6 logits measured) and drift apart as the cache fills.
+    #: ggml type of the V cache (None: llama.cpp's default, f16, and its fastest prompt processing).
+    #: A CPU target on a build whose probe did not show f16 attention bit-exact gets bf16: stock
+    #: llama.cpp splits the KV across threads for a single f16 row once the cache reaches 512 cells,
+    #: so one-token decoding and batched verification part in the last bits (patch 0003 removes
+    #: that split); with K and V of different types it runs one row exactly as it runs several.
     type_v: int | None = None
 
 
 #: ggml_type value (ggml.h) for LoadOptions.type_v
 GGML_TYPE_BF16 = 30
+
+
+@dataclass(frozen=True, slots=True)
+class SavedState:
+    """A copy of one model's K/V cache (sequence 0) in host memory, and the tokens it holds.
+
+    Why a copy of llama.cpp's own sequence state rather than the tokens to re-decode: restoring is a
+    memory copy (~30 MB and a few milliseconds for a 1,000-token conversation on a 1.5B target) where
+    re-decoding costs a prefill (seconds on a CPU); and the K/V come back bit for bit as they were
+    computed, so a restored conversation continues exactly as if it had never been put aside.
+    """
+
+    tokens: tuple[int, ...]
+    data: np.ndarray  # uint8, uninitialised before llama.cpp fills it (a zeroed buffer cost 2/3 of a save)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.data.nbytes)
+
+    def pointer(self) -> ctypes._Pointer[ctypes.c_uint8]:
+        return self.data.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
 
 
 @dataclass(frozen=True, slots=True)
@@ -413,6 +433,33 @@ class LlamaModel(_VocabFacts):
                 self.decode(keep, [])
             return
         del self._tokens[n:]
+
+    # --- saving and restoring the cache (the server's prompt cache) ------------------------------
+    def save_state(self) -> SavedState:
+        """A host-memory copy of what the cache holds (PromptCache keeps these per conversation)."""
+        if self._ctx is None:
+            raise EngineError(
+                f"{self.name} was already closed", "this is a bug in specchat; please report it"
+            )
+        size = int(llama_cpp.llama_state_seq_get_size(self._ctx, 0))
+        state = SavedState(tuple(self._tokens), np.empty(size, dtype=np.uint8))
+        written = int(llama_cpp.llama_state_seq_get_data(self._ctx, state.pointer(), size, 0))  # type: ignore[arg-type]
+        if written != size:
+            raise EngineError(f"llama.cpp saved {written} of {size} bytes of {self.name}'s cache")
+        return state
+
+    def restore_state(self, state: SavedState) -> bool:
+        """Make the cache hold `state` again. False when llama.cpp refuses it (then the cache is
+        left empty, which is always consistent: the next decode starts from the beginning)."""
+        if self._ctx is None:
+            return False
+        done = int(llama_cpp.llama_state_seq_set_data(self._ctx, state.pointer(), state.nbytes, 0))  # type: ignore[arg-type]
+        if done == 0:
+            llama_cpp.llama_memory_clear(self._mem, True)
+            self._tokens = []
+            return False
+        self._tokens = list(state.tokens)
+        return True
 
     def is_eog(self, token: int) -> bool:
         return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))

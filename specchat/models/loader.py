@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..decoding import registry
 from ..decoding.drafters import Drafter, ModelDrafter
 from ..errors import BadInput, ContextFull, ModelFileError
 from ..llama.engine import GGML_TYPE_BF16, LlamaModel, LoadOptions, render_chat, supports_gpu_offload
@@ -21,9 +22,9 @@ from .pair import check_pair
 from .registry import ModelRef
 
 if TYPE_CHECKING:
+    from ..decoding.constraint import GrammarSpec
     from ..decoding.loop import Planner
-
-NGRAM = "ngram"
+    from ..llama.grammar import Grammar
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +50,7 @@ class Loaded:
     drafters: list[Drafter]
     warnings: list[str] = field(default_factory=list)
     draft_models: list[LlamaModel] = field(default_factory=list)
-    tie_margin: float = 0.0  # greedy verification: see speculative.Settings
+    tie_margin: float = 0.0  # greedy verification: see decoding.loop.Settings
     exact_rows: int = 0  # ditto
     strict: bool = False  # ditto
     backend: str = ""  # llama.cpp's system info and build: keys the calibration caches (see make_planner)
@@ -65,8 +66,8 @@ class Loaded:
 
 @dataclass(slots=True)
 class LoadedEngine:
-    """`chat.Engine` over models from `load`: the GGUF chat template and the real planner (what the
-    chat session code is handed, by every front end that has one)."""
+    """`decoding.session.Engine` over models from `load`: the GGUF chat template and the real planner
+    (what the chat session code is handed, by every front end that has one)."""
 
     loaded: Loaded
     seed: int | None = None
@@ -140,6 +141,13 @@ class LoadedEngine:
 
         return make_planner(self.loaded, k, seed=seed if seed is not None else self.seed)
 
+    def constraint(self, spec: GrammarSpec) -> Grammar:
+        """A request's grammar (or JSON schema) compiled for the target's vocabulary (BadInput when
+        it cannot be); each answer walks `start()`, the caller closes it (server/worker.py)."""
+        from ..llama.grammar import compile_grammar
+
+        return compile_grammar(self.loaded.target, spec)
+
 
 def locate(spec: str, *, offline: bool | None, console: object | None = None) -> Path:
     """A model reference (alias, path, hf:, ORG/REPO:QUANT) to a local file, downloading if allowed."""
@@ -162,7 +170,7 @@ def load(
 
     ident = build_identity()  # the installed build: refused if recorded bad, keys the calibration below
     refuse_known_bad(ident)
-    model_specs = [d for d in cfg.drafts if d != NGRAM]
+    model_specs = [d for d in cfg.drafts if not registry.is_model_free(d)]
     fit_before_download(
         [_resolve(s) for s in [cfg.target, *model_specs]],
         ctx_size=cfg.ctx_size,
@@ -175,6 +183,11 @@ def load(
     _fit_check(cfg, paths, infos)
     note(f"loading {paths[cfg.target].name}")
     on_cpu = cfg.gpu_layers == 0 or not supports_gpu_offload()
+    from ..llama.buildcheck import verified_exact_rows
+
+    # verify batches shown bit-exact on this build, attention with V in f16 (llama.cpp's default) and
+    # in bf16 past 512 cells included (llama/invariance.py); 0: not shown, or not on the CPU it ran on
+    verified = verified_exact_rows(ident) if on_cpu else 0
     target = LlamaModel(
         paths[cfg.target],
         LoadOptions(
@@ -185,20 +198,21 @@ def load(
             # One target, one output: the target loads the same with or without drafters, so
             # `--no-draft` and a speculative run give the same greedy text token for token. Repacked
             # weights stay on (single-token decoding ~5% faster, and their GEMM makes batches of 4+
-            # rows cheap); V in bf16 on the CPU keeps one-token and batched attention alike past
-            # 512 cells (see LoadOptions). Batches beyond the bit-exact size use the tie margin.
+            # rows cheap). V stays in f16, llama.cpp's default and its fastest prefill (bf16 V cost
+            # 0.8x llama-bench's prompt speed), where the build's probe showed f16 attention
+            # bit-exact at every verify width (the patched build: patch 0003); on a CPU build
+            # without that proof V goes to bf16, with which stock llama.cpp runs one row as it runs
+            # several (see LoadOptions). Batches beyond the bit-exact size use the tie margin.
             repack=True,
-            type_v=GGML_TYPE_BF16 if on_cpu else None,
+            type_v=GGML_TYPE_BF16 if on_cpu and not verified else None,
         ),
         name=cfg.target,
     )
     out = Loaded(target=target, drafters=[], strict=cfg.strict)
     try:
         for spec in cfg.drafts:
-            if spec == NGRAM:
-                from ..decoding.drafters import NgramDrafter
-
-                out.drafters.append(NgramDrafter())
+            if registry.is_model_free(spec):
+                out.drafters.append(registry.make(spec))
                 continue
             note(f"loading draft {paths[spec].name}")
             dm = LlamaModel(
@@ -216,13 +230,12 @@ def load(
             out.drafters.append(ModelDrafter(dm, p_min=cfg.p_min))
         if out.drafters:
             from ..decoding.calibration import K_MAX, exact_rows, tie_margin
-            from ..llama.buildcheck import verified_exact_rows
             from ..llama.engine import backend_info
 
             note("measuring batched-vs-one-token rounding (once per model, build and machine)")
             # the build's identity keys every calibration: a rebuild (the patch queue) changes kernels
             backend = out.backend = f"{backend_info().get('system_info', '')} build:{ident['key']}"
-            out.verified_rows = verified_exact_rows(ident) if on_cpu else 0
+            out.verified_rows = verified
             out.tie_margin = tie_margin(target, backend=backend)
             out.exact_rows = exact_rows(target, backend=backend, verified=out.verified_rows)
             if out.exact_rows >= K_MAX + 1 and out.tie_margin > 0.0:

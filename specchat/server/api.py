@@ -31,8 +31,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+from ..decoding.constraint import GrammarSpec
 from ..decoding.events import DrafterStats, RouteStats, Stats
 from ..decoding.logprobs import MAX_TOP, TokenLogprob
+from .formats import BadFormat, grammar_spec
 from .stops import Piece
 
 if TYPE_CHECKING:
@@ -109,6 +111,8 @@ class GenRequest:
     logprobs: int | None = None
     echo: bool = False  # completion: the prompt is returned before the answer
     draft: bool = True  # the `speculative` request field: false decodes with the target alone
+    #: the output must match this (response_format / json_schema / grammar: server/formats.py)
+    grammar: GrammarSpec | None = None
     tools: ToolSpec | None = None  # chat: the tools offered (None: none, or tool_choice none)
 
     @property
@@ -169,6 +173,10 @@ def parse_request(kind: Kind, body: Mapping[str, Any], defaults: Defaults) -> Ge
         raise ApiError(
             "speculative must be true or false (false: decode with the target alone)", param="speculative"
         )
+    try:
+        grammar = grammar_spec(body)
+    except BadFormat as exc:
+        raise ApiError(exc.message, param=exc.param) from None
     return GenRequest(
         kind=kind,
         messages=messages,
@@ -186,6 +194,7 @@ def parse_request(kind: Kind, body: Mapping[str, Any], defaults: Defaults) -> Ge
         logprobs=_logprobs(kind, body),
         echo=echo,
         draft=body.get("speculative") is not False,
+        grammar=grammar,
         tools=tools,
     )
 
@@ -496,9 +505,10 @@ def _finite(logprob: float) -> float:
 
 
 def finish_reason(stop_reason: str, *, stopped_by_string: bool) -> str:
-    """OpenAI's finish_reason: `stop` at the model's end or a stop string, otherwise `length` (token
-    limit, full context, or an answer cut short by the server shutting down)."""
-    return "stop" if stopped_by_string or stop_reason == "eog" else "length"
+    """OpenAI's finish_reason: `stop` at the model's end, a stop string or where the grammar allows
+    nothing more, otherwise `length` (token limit, full context, or an answer cut short by the server
+    shutting down)."""
+    return "stop" if stopped_by_string or stop_reason in ("eog", "grammar") else "length"
 
 
 # --- field checks ----------------------------------------------------------------------------------------

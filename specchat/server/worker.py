@@ -40,9 +40,11 @@ from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
+from ..decoding.constraint import CompiledGrammar, GrammarSpec
 from ..decoding.events import Done, Round, Stats, Token
 from ..decoding.loop import Detokenizer, Planner, Tally
 from ..decoding.model import Model
+from ..decoding.prompt_cache import Prepared, PromptCache
 from ..decoding.sampling import SamplingParams
 from ..decoding.session import Engine, answer_events, follow_temperature
 from ..errors import ContextFull, SpecchatError
@@ -73,6 +75,10 @@ class Backend(Engine, Tokenizer, Protocol):
         ...
 
     def planner(self, k: int | None, *, seed: int | None = None) -> Planner: ...
+
+    def constraint(self, spec: GrammarSpec) -> CompiledGrammar:
+        """`spec` compiled for the target's vocabulary; a SpecchatError says why it cannot be."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,8 +168,12 @@ class Worker:
         seed: int | None = None,
         queue_size: int = 8,
         log: Callable[[str], None] = lambda _line: None,
+        cache: PromptCache | None = None,
     ) -> None:
         self.backend = backend
+        #: conversations put aside between requests (decoding/prompt_cache.py); None: only the one
+        #: the models' caches hold is reused
+        self.cache = cache
         self.k = k
         self.p_min = p_min  # None: follows each request's temperature
         self.queue_size = queue_size
@@ -232,11 +242,14 @@ class Worker:
 
     def status(self) -> dict[str, object]:
         with self._cond:
-            return {
+            out: dict[str, object] = {
                 "busy": self._current is not None,
                 "waiting": len(self._waiting),
                 "stopping": self._stopping,
             }
+        if self.cache is not None:
+            out["prompt_cache"] = self.cache.status()
+        return out
 
     def shutdown(self) -> None:
         """Stop accepting, end the current answer within a round, refuse the waiting ones."""
@@ -305,10 +318,16 @@ class Worker:
         prompts = self._prompts(job)  # all of them first: one that does not fit fails the request
         if prompts is None:
             return
+        ok, grammar = self._grammar(job)
+        if not ok:
+            return
+        echo_lp = req.echo and req.logprobs is not None
         for p, prompt in enumerate(prompts):
+            # an echo with logprobs re-reads its whole prompt: put the cached conversation aside, restore none
+            prepared = self.cache.prepare(prompt, restore=not echo_lp) if self.cache is not None else None
             echoed = ()
-            if req.echo and req.logprobs is not None:
-                echoed = prompt_logprobs(self.backend.target, prompt, req.logprobs)
+            if echo_lp:
+                echoed = prompt_logprobs(self.backend.target, prompt, req.logprobs or 0)
             job.emit(Started(len(prompt), echoed, p * req.n, self._echo(req, p, prompt)))
             for index in range(p * req.n, (p + 1) * req.n):  # each reuses the prompt the cache holds
                 if job.cancelled or req.max_tokens == 0:  # hung up, shutting down, or echo only
@@ -316,7 +335,10 @@ class Worker:
                     empty = Tally(prompt_tokens=len(prompt)).snapshot(reason)
                     job.emit(Finished(empty, "length", 0, index))
                 else:
-                    self._answer(job, prompt, index)
+                    first = index == p * req.n
+                    self._answer(job, prompt, index, prepared if first else None, grammar)
+        if grammar is not None:
+            grammar.close()  # (after an engine failure, garbage collection frees it)
 
     def _prompts(self, job: Job) -> list[list[int]] | None:
         """Every prompt's token ids (a chat's one, a completion's each), or None after an ApiError."""
@@ -348,7 +370,26 @@ class Worker:
         detok = Detokenizer(self.backend.target)
         return "".join(detok.piece(t) for t in prompt) + detok.flush()
 
-    def _answer(self, job: Job, prompt: list[int], index: int) -> None:
+    def _grammar(self, job: Job) -> tuple[bool, CompiledGrammar | None]:
+        """The request's grammar compiled once, before the response starts (so a bad one is a 400
+        naming its field); (False, None) after telling the client why it cannot be."""
+        spec = job.request.grammar
+        if spec is None:
+            return True, None
+        try:
+            return True, self.backend.constraint(spec)
+        except SpecchatError as exc:
+            job.emit(ApiError(f"invalid {spec.param}: {_plain(exc)}", param=spec.param))
+            return False, None
+
+    def _answer(
+        self,
+        job: Job,
+        prompt: list[int],
+        index: int,
+        prepared: Prepared | None = None,
+        grammar: CompiledGrammar | None = None,
+    ) -> None:
         req = job.request
         backend = self.backend
         params = SamplingParams(temperature=req.temperature, top_k=req.top_k, top_p=req.top_p)
@@ -361,6 +402,7 @@ class Worker:
             planner = backend.planner(self.k, seed=seed) if drafters else None
             rng = np.random.default_rng(seed)
         tally = Tally()
+        constraint = grammar.start() if grammar is not None else None  # each answer from the start
         events = answer_events(
             backend,
             prompt,
@@ -371,6 +413,7 @@ class Worker:
             rng=rng,
             tally=tally,
             logprobs=req.logprobs,
+            constraint=constraint,
         )
         stops = StopFilter(req.stop)
         gate: TokenGate[LogprobEntry] | None = TokenGate() if req.logprobs is not None else None
@@ -395,6 +438,8 @@ class Worker:
                     stats = ev.stats
         finally:
             events.close()  # within the round: caches keep a prefix of what was committed
+            if constraint is not None:
+                constraint.close()
         if stats is None:
             stats = tally.snapshot("stop_string" if stops.stopped else "interrupted")
         last = [*stops.feed(pending), *stops.flush()]
@@ -402,7 +447,11 @@ class Worker:
         cached = cached_tokens(stats)
         reason = finish_reason(stats.stop_reason, stopped_by_string=stops.stopped)
         job.emit(Finished(stats, reason, cached, index))
-        self.log(_summary(req, stats, cached, index))
+        line = _summary(req, stats, cached, index)
+        if prepared is not None and (prepared.restored or prepared.saved) and self.cache is not None:
+            what = f"{prepared.restored} restored" if prepared.restored else "none restored"
+            line += f" · prompt cache: {what} in {prepared.seconds * 1000:.0f} ms, {self.cache.summary()}"
+        self.log(line)
 
     def _prompt(self, job: Job, given: str | tuple[int, ...] | None = None) -> list[int] | None:
         """The request's token ids through the chat template (or as plain text, or `given`: one of a

@@ -451,7 +451,7 @@ def test_chat_end_to_end_with_tiny_gguf_pair(tiny_pair, tmp_path):
     res = runner.invoke(
         app,
         # drafting forced: whether auto mode drafts with a draft as big as its target depends on
-        # microsecond timings (tested with fakes in test_tuning); here the colours and reuse matter
+        # microsecond timings (tested with fakes in test_planner); here the colours and reuse matter
         ["chat", target, "--draft", draft, "-k", "2", "-n", "16", "--threads", "1", "--ctx-size", "512"],
         input="\n".join(lines),
     )

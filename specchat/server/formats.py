@@ -1,0 +1,114 @@
+"""Constrained output in a request: OpenAI's `response_format` and llama-server's `json_schema` and
+`grammar` body fields, checked and turned into a `GrammarSpec` (decoding/constraint.py).
+
+Only the shape is checked here (no llama_cpp in server/): the engine compiles the spec on the model
+thread (Backend.constraint), and a schema or grammar it cannot compile becomes a 400 naming the
+field then, before the response starts (server/worker.py). What is accepted:
+
+* `response_format: {"type": "text"}`: no constraint;
+* `response_format: {"type": "json_object"}`: any JSON object (llama-server's extension: with a
+  `schema`, that schema);
+* `response_format: {"type": "json_schema", "json_schema": {"name", "schema", "strict"}}`: the
+  schema (`strict` is accepted and changes nothing: every schema is enforced, or refused);
+* `json_schema: {...}` (llama-server): that schema; `grammar: "..."` (llama-server): GBNF text.
+
+At most one of them may constrain a request (as llama-server: "either json_schema or grammar").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ..decoding.constraint import GrammarSpec
+
+FORMAT_TYPES = ("text", "json_object", "json_schema")
+
+
+class BadFormat(ValueError):
+    """A malformed constraint field; api.parse_request turns it into a 400 naming `param`."""
+
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+
+def grammar_spec(body: Mapping[str, Any]) -> GrammarSpec | None:
+    """The constraint a request body asks for, or None; BadFormat (naming the field) if malformed."""
+    specs = [
+        s for s in (_response_format(body.get("response_format")), _json_schema(body), _grammar(body)) if s
+    ]
+    if len(specs) > 1:
+        raise BadFormat(
+            f"{specs[0].param} and {specs[1].param} both constrain the output: give only one",
+            param=specs[1].param,
+        )
+    return specs[0] if specs else None
+
+
+def _response_format(value: object) -> GrammarSpec | None:
+    if value is None:
+        return None
+    param = "response_format"
+    if not isinstance(value, Mapping):
+        raise BadFormat(f"response_format must be an object with a type, not {_kind(value)}", param=param)
+    kind = value.get("type")
+    if kind not in FORMAT_TYPES:
+        raise BadFormat(
+            f"response_format.type must be one of {', '.join(FORMAT_TYPES)} (got {kind!r})", param=param
+        )
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        if value.get("schema") is None:
+            return GrammarSpec("json_object", param=param)
+        return GrammarSpec(
+            "json_schema", schema=_schema(value["schema"], "response_format.schema"), param=param
+        )
+    wrapper = value.get("json_schema")
+    if not isinstance(wrapper, Mapping):
+        raise BadFormat("response_format.json_schema must be an object: {name, schema, strict}", param=param)
+    if wrapper.get("name") is not None and not isinstance(wrapper.get("name"), str):
+        raise BadFormat("response_format.json_schema.name must be a string", param=param)
+    if wrapper.get("strict") is not None and not isinstance(wrapper.get("strict"), bool):
+        raise BadFormat("response_format.json_schema.strict must be true or false", param=param)
+    schema = wrapper.get("schema")
+    schema = {} if schema is None else _schema(schema, "response_format.json_schema.schema")
+    return GrammarSpec("json_schema", schema=schema, param=param)
+
+
+def _json_schema(body: Mapping[str, Any]) -> GrammarSpec | None:
+    value = body.get("json_schema")
+    if value is None:
+        return None
+    return GrammarSpec("json_schema", schema=_schema(value, "json_schema"), param="json_schema")
+
+
+def _grammar(body: Mapping[str, Any]) -> GrammarSpec | None:
+    value = body.get("grammar")
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str):
+        raise BadFormat(f"grammar must be a string of GBNF rules, not {_kind(value)}", param="grammar")
+    return GrammarSpec("gbnf", text=value, param="grammar")
+
+
+def _schema(value: object, where: str) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise BadFormat(
+            f"{where} must be a JSON schema object, not {_kind(value)}", param=where.split(".")[0]
+        )
+    return value
+
+
+def _kind(value: object) -> str:
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    return "null" if value is None else "an object"
