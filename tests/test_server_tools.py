@@ -64,6 +64,7 @@ class ScriptedBackend:
         self.strict = False
         self.template = template
         self.rendered: list[tuple[list[dict[str, Any]], object]] = []
+        self.constrained: list[object] = []
 
     def render(
         self, messages: Sequence[dict[str, Any]], tools: object = None
@@ -76,6 +77,10 @@ class ScriptedBackend:
 
     def planner(self, k: int | None, *, seed: int | None = None) -> FixedK:
         return FixedK(0)
+
+    def constraint(self, spec: object) -> None:
+        """Records the grammar asked for and enforces nothing (the script decides the answer)."""
+        self.constrained.append(spec)
 
     def tokenize(self, text: str, *, add_special: bool, parse_special: bool = True) -> list[int]:
         return list(text.encode())
@@ -131,8 +136,12 @@ def test_tool_choice_none_offers_nothing_and_named_demands_the_call(scripted):
     assert forced.choices[0].message.tool_calls[0].function.name == "get_weather"
     messages, _ = backend.rendered[-1]
     assert messages[0]["role"] == "system" and "get_weather" in messages[0]["content"]
+    grammar = backend.constrained[-1]  # the answer is constrained to a call (tools.tool_grammar)
+    assert grammar.param == "tool_choice" and grammar.schema["anyOf"][0]["properties"]["name"] == {
+        "const": "get_weather"
+    }
     required = ask(url, "I will not.", backend, tools=[WEATHER], tool_choice="required")
-    assert required.choices[0].message.content == "I will not."  # not enforced yet: no error either
+    assert required.choices[0].message.content == "I will not."  # the script ignores the grammar
 
 
 def test_a_streamed_call_comes_as_openai_streams_it(scripted):
@@ -244,6 +253,42 @@ def test_qwen25_template_renders_tools_and_calls(tmp_path):
     assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>' in text
     assert "<|im_start|>user\n<tool_response>\n22 C\n</tool_response><|im_end|>" in text
     assert text.endswith("<|im_start|>assistant\n") and "<tools>" not in plain
+
+
+def test_a_named_tool_choice_is_enforced_by_the_grammar(tmp_path):
+    """A random tiny model with Qwen2.5's template, constrained: whatever it would write, the answer
+    is a call of the named function with arguments its schema allows, streamed or not."""
+    model = write_tiny_llama(tmp_path / "qwen-template.gguf", seed=1, chat_template=QWEN25, n_ctx_train=2048)
+    city = {"type": "string", "enum": ["Paris", "Rome"]}
+    params = {
+        "type": "object",
+        "properties": {"city": city},
+        "required": ["city"],
+        "additionalProperties": False,
+    }
+    tool = {**WEATHER, "function": {**WEATHER["function"], "parameters": params}}
+    loaded = loader.load(loader.LoadConfig(target=str(model), ctx_size=2048, threads=1))
+    try:
+        with serving(loader.LoadedEngine(loaded), max_tokens=64) as url:
+            named = {"type": "function", "function": {"name": "get_weather"}}
+            args = {"model": "tiny", "messages": ASK, "tools": [tool], "tool_choice": named, "temperature": 0}
+            reply = client(url).chat.completions.create(**args)
+            chunks = list(client(url).chat.completions.create(**args, stream=True))
+    finally:
+        loaded.close()
+    [call] = reply.choices[0].message.tool_calls
+    assert call.function.name == "get_weather" and json.loads(call.function.arguments)["city"] in (
+        "Paris",
+        "Rome",
+    )
+    assert reply.choices[0].finish_reason == "tool_calls"
+    frags = [
+        t
+        for c in chunks
+        if c.choices and c.choices[0].delta.tool_calls
+        for t in c.choices[0].delta.tool_calls
+    ]
+    assert "".join(f.function.arguments or "" for f in frags) == call.function.arguments
 
 
 def test_tools_on_the_tiny_pair_answer_without_error(tiny_url):

@@ -9,7 +9,7 @@ import pytest
 
 from specchat.server.api import ApiError, Defaults, parse_request
 from specchat.server.toolcalls import ToolStream, parse_tool_calls
-from specchat.server.tools import ToolSpec, call_schema, parse_tools, prepare
+from specchat.server.tools import ToolSpec, call_schema, parse_tools, prepare, tool_grammar
 
 WEATHER = {
     "type": "function",
@@ -263,6 +263,13 @@ def test_prepare_for_a_template_with_and_without_tools():
 def test_call_schema():
     named = call_schema(ToolSpec((WEATHER, TIME), "named", "get_time", parallel=False))
     assert named["properties"]["name"] == {"const": "get_time"} and named["required"] == ["name", "arguments"]
-    anyof = call_schema(ToolSpec((WEATHER, TIME), "required"))
-    assert anyof["type"] == "array" and len(anyof["items"]["anyOf"]) == 2
-    assert anyof["items"]["anyOf"][0]["properties"]["arguments"] == WEATHER["function"]["parameters"]
+    one, many = call_schema(ToolSpec((WEATHER, TIME), "required"))["anyOf"]  # a call, or an array of them
+    assert len(one["anyOf"]) == 2 and many == {"type": "array", "items": one, "minItems": 1}
+    assert one["anyOf"][0]["properties"]["arguments"] == WEATHER["function"]["parameters"]
+    bounded = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
+        "n": {"type": "integer", "minimum": 1, "maximum": 9}}}}}  # fmt: skip
+    loose = call_schema(ToolSpec((bounded,), "required", parallel=False))
+    assert loose["properties"]["arguments"]["properties"]["n"] == {"type": "integer"}  # bounds: the tool's
+    assert tool_grammar(ToolSpec((WEATHER,), "auto")) is None
+    spec = tool_grammar(ToolSpec((WEATHER,), "named", "get_weather"))
+    assert spec is not None and spec.kind == "json_schema" and spec.param == "tool_choice"

@@ -139,7 +139,7 @@ def parse_json(raw: bytes) -> dict[str, Any]:
 def parse_request(kind: Kind, body: Mapping[str, Any], defaults: Defaults) -> GenRequest:
     """Validate the fields of a /v1/chat/completions or /v1/completions body."""
     from .prompts import check_choices, parse_prompts
-    from .tools import parse_tools
+    from .tools import parse_tools, tool_grammar
 
     prompts: tuple[str | tuple[int, ...], ...] = ()
     tools = None
@@ -177,6 +177,8 @@ def parse_request(kind: Kind, body: Mapping[str, Any], defaults: Defaults) -> Ge
         grammar = grammar_spec(body)
     except BadFormat as exc:
         raise ApiError(exc.message, param=exc.param) from None
+    if grammar is None and tools is not None:  # tool_choice required / named: the answer is a call
+        grammar = tool_grammar(tools)
     return GenRequest(
         kind=kind,
         messages=messages,

@@ -9,9 +9,9 @@ in the system message (a JSON line per tool and the answer format `<tool_call>{.
 and the conversation's calls and results written as text it can render: tool results as user turns,
 since many such templates (Gemma's) allow only alternating user and assistant roles.
 
-`tool_choice: none` offers no tools; `required` or a named function make the prompt demand a call,
-and `call_schema` gives the JSON schema of the allowed call(s), for a grammar to enforce later. What
-the model answers is parsed by toolcalls.py. Pure functions, no models.
+`tool_choice: none` offers no tools; `required` or a named function make the prompt demand a call and
+constrain the answer to one (`tool_grammar`: the JSON schema of the allowed calls, `call_schema`, as
+the request's grammar). What the model answers is parsed by toolcalls.py. Pure functions, no models.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from ..decoding.constraint import GrammarSpec
 from .api import ApiError, _bool, _kind
 
 #: OpenAI's rule for function names.
@@ -248,18 +249,30 @@ def _as_text(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 # --- for a grammar -----------------------------------------------------------------------------------------
 
 
+#: JSON-schema keywords llama.cpp's converter cannot enforce (llama/grammar.py refuses them in a
+#: response_format): in a tool's parameters they are left out of the call's grammar, which then
+#: enforces the call's shape and lets the tool itself check the bounds
+LOOSE = frozenset(
+    {
+        "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "not", "if", "then",
+        "else", "dependentRequired", "dependentSchemas", "dependencies", "patternProperties",
+        "propertyNames", "minProperties", "maxProperties", "unevaluatedProperties", "unevaluatedItems",
+        "additionalItems", "uniqueItems", "contains", "minContains", "maxContains",
+    }
+)  # fmt: skip
+
+
 def call_schema(spec: ToolSpec) -> dict[str, Any]:
     """The JSON schema of what the model may answer under `spec`: one call object {name, arguments}
-    of an allowed function (`arguments` by that function's parameters), or with parallel calls an
-    array of them (at least one for required / named). For a grammar-constrained decoder (a GBNF
-    made from it, GenRequest.grammar); nothing here enforces it."""
+    of an allowed function (`arguments` by that function's parameters), or with parallel calls that
+    or an array of them. What `tool_grammar` constrains required / named tool_choice to."""
     allowed = set(spec.names)
     options = [
         {
             "type": "object",
             "properties": {
                 "name": {"const": t["function"]["name"]},
-                "arguments": t["function"]["parameters"],
+                "arguments": _loose(t["function"]["parameters"]),
             },
             "required": ["name", "arguments"],
             "additionalProperties": False,
@@ -270,4 +283,21 @@ def call_schema(spec: ToolSpec) -> dict[str, Any]:
     one: dict[str, Any] = options[0] if len(options) == 1 else {"anyOf": options}
     if not spec.parallel:
         return one
-    return {"type": "array", "items": one, "minItems": 1}
+    return {"anyOf": [one, {"type": "array", "items": one, "minItems": 1}]}
+
+
+def tool_grammar(spec: ToolSpec) -> GrammarSpec | None:
+    """The constraint a request's tool_choice puts on the answer: for required or a named function,
+    a JSON call of an allowed function (toolcalls.py reads it as a bare JSON call); None for auto."""
+    if spec.choice == "auto":
+        return None
+    return GrammarSpec("json_schema", schema=call_schema(spec), param="tool_choice")
+
+
+def _loose(schema: Any) -> Any:
+    """`schema` without the keywords in LOOSE, at every depth."""
+    if isinstance(schema, dict):
+        return {k: _loose(v) for k, v in schema.items() if k not in LOOSE}
+    if isinstance(schema, list):
+        return [_loose(v) for v in schema]
+    return schema
