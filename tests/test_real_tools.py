@@ -55,6 +55,14 @@ def test_tool_call_round_trip_and_tokenizer_on_the_real_pair(real_pair):
         )
         assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == "tool_calls"
 
+        # a named tool_choice: the grammar makes the answer a call even to a question that needs none
+        named = {"type": "function", "function": {"name": "get_weather"}}
+        hello = [{"role": "user", "content": "Say hello."}]
+        forced = c.chat.completions.create(messages=hello, **{**args, "tool_choice": named})
+        assert forced.choices[0].finish_reason == "tool_calls"
+        assert forced.choices[0].message.tool_calls[0].function.name == "get_weather"
+        assert isinstance(json.loads(forced.choices[0].message.tool_calls[0].function.arguments)["city"], str)
+
         result = {"city": "Paris", "temperature_c": 17, "sky": "light rain"}
         history = [
             *QUESTION,
