@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import httpx
 import psutil
 import pytest
 
@@ -55,6 +56,23 @@ def test_alternated_conversations_come_back_from_the_cache(tiny_engine):
     assert turns[1][0] < 0.5 * turns[1][1]  # B's first turn shares only the system prompt with A
     assert status["hits"] == 2 and status["conversations"] >= 1
     assert 0 < status["bytes"] <= status["budget_bytes"]
+
+
+def test_delete_prompt_cache_forgets_the_saved_conversations(tiny_engine):
+    with serving(tiny_engine, cache_bytes=64 << 20) as url:
+        c = client(url)
+        for topic in ("rivers", "mountains"):
+            turn(c, conversation(topic))
+        assert health(url)["prompt_cache"]["conversations"] == 1  # rivers, put aside for mountains
+        root = url.removesuffix("/v1")
+        r = httpx.delete(f"{root}/prompt_cache", timeout=10)
+        assert r.status_code == 200
+        assert r.json()["cleared"]["conversations"] == 1 and r.json()["prompt_cache"]["conversations"] == 0
+        back = turn(c, conversation("rivers"))  # decoded again, and the server keeps serving
+        assert back.usage.prompt_tokens_details.cached_tokens < 0.5 * back.usage.prompt_tokens
+    with serving(tiny_engine) as url:  # a server without a prompt cache
+        r = httpx.delete(url.removesuffix("/v1") + "/prompt_cache", timeout=10)
+        assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
 
 
 def test_without_the_cache_follow_ups_decode_their_whole_prompt(tiny_engine):

@@ -184,6 +184,14 @@ class PromptCache:
             self._seconds["restore"] += time.perf_counter() - t0
         return ok
 
+    def clear(self) -> dict[str, int]:
+        """Forget every saved conversation (what the models' caches hold now stays: a generation may
+        be using it). For a cold measurement, or to give the memory back; returns what was freed."""
+        with self._lock:
+            freed = {"conversations": len(self._entries), "bytes": self.used_bytes}
+            self._entries = []
+        return freed
+
     def _tick(self) -> int:
         self._clock += 1
         return self._clock

@@ -29,7 +29,11 @@ class LoadOptions:
     n_ctx: int = 4096
     gpu_layers: int | None = None
     threads: int | None = None
-    n_batch: int = 512
+    #: tokens per llama_decode call, and per compute pass (llama.cpp's n_batch and n_ubatch: its
+    #: defaults, as llama-bench and llama-server use them). A long prompt in one call of 2048 runs
+    #: its 512-token passes back to back: measured 1.10-1.2x the prompt speed of 512-token calls
+    n_batch: int = 2048
+    n_ubatch: int = 512
     verbose: bool = False
     #: llama.cpp's CPU "extra buffers" repack quantised weights for faster batched matmuls. On a
     #: stock build their GEMM (from 4 rows on x86) rounds differently from the one-token path; the
@@ -315,7 +319,7 @@ class LlamaModel(_VocabFacts):
         cparams = llama_cpp.llama_context_default_params()
         cparams.n_ctx = opts.n_ctx
         cparams.n_batch = min(opts.n_batch, opts.n_ctx)
-        cparams.n_ubatch = min(opts.n_batch, opts.n_ctx)
+        cparams.n_ubatch = min(opts.n_ubatch, opts.n_batch, opts.n_ctx)
         cparams.n_seq_max = 1
         threads = opts.threads or _physical_cores()
         cparams.n_threads = threads

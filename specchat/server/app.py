@@ -89,6 +89,14 @@ def create_app(
         facts = await _call(worker, lambda backend: backend.tokenizer_facts())
         return JSONResponse(tokens.tokenizer_info(facts, model))
 
+    async def clear_prompt_cache(request: Request) -> Response:
+        cache = worker.cache
+        if cache is None:
+            raise ApiError("this server has no prompt cache", status=404, code="not_found")
+        # on the model thread, between rounds: the worker is the only other user of the cache
+        freed = await _call(worker, lambda _backend: cache.clear())
+        return JSONResponse({"cleared": freed, "prompt_cache": cache.status()})
+
     html = render_page(
         model=model, api_key=api_key is not None, drafter_sources=[d.source for d in worker.backend.drafters]
     )
@@ -102,6 +110,7 @@ def create_app(
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
+        Route("/prompt_cache", clear_prompt_cache, methods=["DELETE"]),
         *(
             Route(f"{prefix}/{name}", handler, methods=[method])
             for prefix in ("", "/v1")
@@ -286,8 +295,8 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     if exc.status_code == 404:
         message = f"no route {request.method} {request.url.path}; this server has /v1/chat/completions, "
-        message += "/v1/completions, /v1/models, /tokenize, /detokenize, /tokenizer_info, /health and "
-        message += "the page at /"
+        message += "/v1/completions, /v1/models, /tokenize, /detokenize, /tokenizer_info, /health, "
+        message += "DELETE /prompt_cache and the page at /"
     else:
         message = f"{request.method} is not allowed on {request.url.path}"
     code = "not_found" if exc.status_code == 404 else "method_not_allowed"

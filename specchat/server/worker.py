@@ -223,14 +223,15 @@ class Worker:
 
     def call(self, fn: Callable[[Backend], T]) -> concurrent.futures.Future[T]:
         """Run `fn(backend)` on the model thread, before the next queued generation and between the
-        rounds of the current one; for work that reads the vocabulary only (it must not decode)."""
+        rounds of the current one; for quick work that must not decode (the tokenizer endpoints read
+        the vocabulary, DELETE /prompt_cache drops saved conversations)."""
         future: concurrent.futures.Future[T] = concurrent.futures.Future()
         with self._cond:
             if self._stopping:
                 raise _shutting_down()
             if len(self._quick) >= QUICK_QUEUE:
                 raise ApiError(
-                    f"the server is busy: {len(self._quick)} tokenizer requests waiting; retry in a second",
+                    f"the server is busy: {len(self._quick)} quick requests waiting; retry in a second",
                     status=503,
                     type="server_error",
                     code="queue_full",
