@@ -37,23 +37,28 @@ def _case(seed: int = 0) -> tuple[tuple[list[int], list[int], list[float]], Draf
 def test_a_replayed_draft_is_right_up_to_its_first_miss_and_wrong_after() -> None:
     output = [10, 11, 12, 13, 14]
     trace = DraftTrace([True, True, False, True, True], [0.9, 0.8, 0.7, 0.95, 0.6])
-    d = ReplayDraftModel(3, output, trace, 100, 0.0, draft=0.5, catch_up=0.1)
+    batch = [1.0, 1.2, 1.4]
+    d = ReplayDraftModel(3, output, trace, 100, 0.0, draft=0.5, batch=batch)
     d.prepare([1, 2])
     p = d.propose([1, 2, 3], 5, SamplingParams(), np.random.default_rng(0))
     assert p.tokens[:2] == [10, 11] and p.tokens[2] != 12
     assert all(t != o for t, o in zip(p.tokens[3:], output[3:], strict=True))  # nothing after a miss is kept
     assert p.confidence == trace.conf
-    assert p.seconds == pytest.approx(1 * 0.1 + 5 * 0.5)  # one token to catch up, five drafted
+    # billed as ModelDrafter spends it: a batch over the one token it lags by (giving the first
+    # draft's distribution), then a decode after each draft but the k-th
+    assert p.catch_up_seconds == pytest.approx(0.5 * 1.0) and p.seconds == pytest.approx(0.5 + 4 * 0.5)
     # p-min and the budget stop it as ModelDrafter would
-    d2 = ReplayDraftModel(3, output, trace, 100, 0.75, draft=0.5, catch_up=0.1)
-    assert d2.propose([1, 2, 3], 5, SamplingParams(), np.random.default_rng(0)).tokens == [10, 11]
+    d2 = ReplayDraftModel(3, output, trace, 100, 0.75, draft=0.5, batch=batch)
+    d2.prepare([1])
+    stopped = d2.propose([1, 2, 3], 5, SamplingParams(), np.random.default_rng(0))
+    assert stopped.tokens == [10, 11] and stopped.seconds == pytest.approx(0.5 * 1.2 + 2 * 0.5)
     budget = DraftBudget(floor=0.6)
     assert len(d.propose([1, 2, 3], 5, SamplingParams(), np.random.default_rng(0), budget=budget).tokens) == 2
 
 
 def test_its_lag_follows_the_cache_a_real_draft_model_keeps() -> None:
     output = list(range(10, 20))
-    d = ReplayDraftModel(2, output, DraftTrace([True] * 10, [0.9] * 10), 100, 0.0, 0.5, 0.1)
+    d = ReplayDraftModel(2, output, DraftTrace([True] * 10, [0.9] * 10), 100, 0.0, 0.5, [1.0])
     d.prepare([1])
     assert d.lag([1, 2]) == 1
     d.propose([1, 2], 3, SamplingParams(), np.random.default_rng(0))  # cache: context + 2 drafts

@@ -66,8 +66,10 @@ class ReplayDraftModel:
     """A draft model that proposes what the teacher-forced pass says it would: the answer's token
     while its greedy choice was right, then a wrong token, then (after a miss) tokens that are never
     kept. Stops as ModelDrafter does: at k, below `p_min`, or where the budget's chance runs out.
-    Its `seconds` are simulated: `draft` per drafted token plus `catch_up` per token it had to
-    process first (the loop bills them to the round, as it bills a real drafter's time)."""
+    Its `seconds` are simulated as ModelDrafter spends them: one batch over the tokens it lags by
+    (which also gives its first draft's distribution), priced `draft` x batch[lag - 1] (the
+    hardware's batch curve as multiples of one token), then one `draft` decode per draft after
+    which it went on (none after the k-th). The loop bills them to the round."""
 
     n_prompt: int
     output: list[int]
@@ -75,7 +77,7 @@ class ReplayDraftModel:
     n_vocab: int
     p_min: float
     draft: float
-    catch_up: float
+    batch: Sequence[float]
     name: str = "draft"
     source: Source = Source.DRAFT
     _cache: list[int] = field(default_factory=list)
@@ -104,11 +106,13 @@ class ReplayDraftModel:
         lag = self.lag(context)
         i = len(context) - self.n_prompt  # the output position of the first draft
         out = Proposal()
-        reach, on_track = 1.0, True
+        reach, on_track, decodes = 1.0, True, 0
         for j in range(k):
             p = i + j
             if p >= len(self.output):
                 break
+            if j > 0:
+                decodes += 1  # the previous draft decoded, for this one's distribution
             conf = self.trace.conf[p]
             if budget is not None:
                 reach *= budget.accept_chance(conf)
@@ -120,8 +124,9 @@ class ReplayDraftModel:
             on_track = right
         # its cache now holds the context and every draft but the last (ModelDrafter decodes those)
         self._cache = [*context, *out.tokens[:-1]]
-        out.catch_up_seconds = lag * self.catch_up
-        out.seconds = out.catch_up_seconds + len(out.tokens) * self.draft
+        if lag > 0:
+            out.catch_up_seconds = self.draft * self.batch[min(lag, len(self.batch)) - 1]
+        out.seconds = out.catch_up_seconds + decodes * self.draft
         return out
 
 
