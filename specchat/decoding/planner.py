@@ -55,6 +55,12 @@ DRIFT_PRIOR_TOKENS = 30.0
 DRIFT_PRIOR_SHARE = 1.0
 #: live rounds must have seen a batch size this often before their timing replaces calibration's
 SEEN_ENOUGH = 3
+#: a draft model's drafts per round at most (AutoPlanner.plan): past the depth where a perfect draft
+#: stops paying the budget stops it, but on a flat curve that depth is 48, and the budget's price of
+#: a token (the average verify cost per row of the planned draft) undercharges the rows of a deep
+#: batch; replayed on published GPU/Metal curves (issue 30) 16 gave 0.3-1.9% over 48 and 8 less,
+#: this CPU's curves unchanged (there a perfect draft stops paying before 16)
+DEPTH_CAP = 16
 #: a draft model's floor (AutoPlanner.draft_budget) at most: a draft the planner is this sure of
 #: is always worth extending once it chose to draft
 FLOOR_MAX = 0.9
@@ -390,8 +396,9 @@ class AutoPlanner:
             # drafter, and the cap is the depth where even a draft always right would stop paying.
             # (Capped at the planned k, drafts stopped before depths they would have passed, which
             # were then never observed: 3.2 tokens a pass where a fixed -k 16 made 11.6, issue 18.)
+            # At most DEPTH_CAP, though.
             perfect = self._always_right_k(which, v, overhead=self._catch_up_cost(which, lags))
-            self.last_choice = (which, max(k, perfect))
+            self.last_choice = (which, max(k, min(perfect, DEPTH_CAP)))
         return self.last_choice
 
     def draft_budget(self, drafter: int) -> DraftBudget | None:
