@@ -8,10 +8,16 @@ plus a measured per-round Python cost. Ratios are plain time / speculative time,
 README's "replayed offline" figures come from this script.
 
 Usage:
-  python tests/perf/replay_planner.py TARGET.gguf RESULTS.json [--prompts FILE] [--seeds 6] [--curves own|all]
-                                     [--oracle]
+  python tests/perf/replay_planner.py TARGET.gguf RESULTS.json... [--prompts FILE...] [--seeds 6]
+                                     [--curves own|all] [--oracle] [--draft DRAFT.gguf --hardware]
 RESULTS.json is what `tests/perf/vs_llama_cpp.py --json --prompts FILE` writes (it holds each prompt's
 plain output); FILE defaults to tests/perf/copy_prompts.jsonl (heldout_prompts.jsonl is a second set).
+Several RESULTS files take one --prompts file each, in the same order.
+
+`--draft DRAFT.gguf --hardware` teacher-forces the draft model once over every answer (replay_draft.py)
+and replays the default run (draft model + n-gram, auto), specchat's and llama.cpp's fixed settings and
+the hindsight bound over both drafters under published cost curves of other hardware
+(tests/perf/curves/, replay_curves.py) and this machine's: docs/performance.md, "On other hardware".
 The cost curve, tie margin and exact batch size are this target's own, as a live run gets them (from
 the calibration cache, $SPECCHAT_HOME/calibration.json, else measured now); `--curves all` also replays
 under every other verify curve cached there: the same VM measured V(4)/V(1) from 2.6 to 3.2 on
