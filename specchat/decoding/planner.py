@@ -55,6 +55,12 @@ DRIFT_PRIOR_TOKENS = 30.0
 DRIFT_PRIOR_SHARE = 1.0
 #: live rounds must have seen a batch size this often before their timing replaces calibration's
 SEEN_ENOUGH = 3
+#: a draft model's drafts per round at most (AutoPlanner.plan): past the depth where a perfect draft
+#: stops paying the budget stops it, but on a flat curve that depth is 48, and the budget's price of
+#: a token (the average verify cost per row of the planned draft) undercharges the rows of a deep
+#: batch; replayed on published GPU/Metal curves (issue 30) 16 gave 0.3-1.9% over 48 and 8 less,
+#: this CPU's curves unchanged (there a perfect draft stops paying before 16)
+DEPTH_CAP = 16
 #: a draft model's floor (AutoPlanner.draft_budget) at most: a draft the planner is this sure of
 #: is always worth extending once it chose to draft
 FLOOR_MAX = 0.9
@@ -114,7 +120,12 @@ class _Acceptance:
         a route with little evidence looked near-certain 15 tokens deep and was tried there, a
         16-row batch costing ~7 tokens on a 2-core CPU for one or two (replayed over 28 recorded
         answers, this CPU's curve: the worst non-copying answer 0.95x plain -> 0.98x, the copying
-        ones unchanged at 1.30-1.35x geomean)."""
+        ones unchanged at 1.30-1.35x geomean).
+
+        The draw moves the log-odds, not the rate: read linearly and clipped at 1.0, one draw in
+        twenty made a route with the 0.9 prior of an 8-token match certain at every depth, and the
+        planner verified 48 drafts at once where V grows ~0.8 of a token per row (Apple M1 Pro's
+        published curve, replayed: a 49-row batch costing 38 tokens for 3; issue 30)."""
         out = []
         z = EXPLORE_SPREAD * float(rng.standard_normal()) if rng is not None else 0.0
         for i in range(k):
@@ -122,7 +133,12 @@ class _Acceptance:
             a = self.a[j] if j >= 0 else self.prior_a
             b = self.b[j] if j >= 0 else self.prior_b
             mean = a / (a + b)
-            r = min(1.0, max(0.0, mean + z * math.sqrt(mean * (1.0 - mean) / (a + b + 1.0))))
+            r = mean
+            if z != 0.0 and 0.0 < mean < 1.0:
+                # on the log-odds scale: the same spread near an even chance, but a draw never
+                # reads a route as certain (one clipped at 1.0 made every depth look free)
+                sd = 1.0 / math.sqrt(mean * (1.0 - mean) * (a + b + 1.0))
+                r = 1.0 / (1.0 + math.exp(-(math.log(mean / (1.0 - mean)) + z * sd)))
             seen = self.seen[i] if i < len(self.seen) else 0.0
             if i >= 2 and seen < THIN_EVIDENCE:
                 r = max(r, out[-1])
@@ -380,8 +396,9 @@ class AutoPlanner:
             # drafter, and the cap is the depth where even a draft always right would stop paying.
             # (Capped at the planned k, drafts stopped before depths they would have passed, which
             # were then never observed: 3.2 tokens a pass where a fixed -k 16 made 11.6, issue 18.)
+            # At most DEPTH_CAP, though.
             perfect = self._always_right_k(which, v, overhead=self._catch_up_cost(which, lags))
-            self.last_choice = (which, max(k, perfect))
+            self.last_choice = (which, max(k, min(perfect, DEPTH_CAP)))
         return self.last_choice
 
     def draft_budget(self, drafter: int) -> DraftBudget | None:

@@ -8,10 +8,16 @@ plus a measured per-round Python cost. Ratios are plain time / speculative time,
 README's "replayed offline" figures come from this script.
 
 Usage:
-  python tests/perf/replay_planner.py TARGET.gguf RESULTS.json [--prompts FILE] [--seeds 6] [--curves own|all]
-                                     [--oracle]
+  python tests/perf/replay_planner.py TARGET.gguf RESULTS.json... [--prompts FILE...] [--seeds 6]
+                                     [--curves own|all] [--oracle] [--draft DRAFT.gguf --hardware]
 RESULTS.json is what `tests/perf/vs_llama_cpp.py --json --prompts FILE` writes (it holds each prompt's
 plain output); FILE defaults to tests/perf/copy_prompts.jsonl (heldout_prompts.jsonl is a second set).
+Several RESULTS files take one --prompts file each, in the same order.
+
+`--draft DRAFT.gguf --hardware` teacher-forces the draft model once over every answer (replay_draft.py)
+and replays the default run (draft model + n-gram, auto), specchat's and llama.cpp's fixed settings and
+the hindsight bound over both drafters under published cost curves of other hardware
+(tests/perf/curves/, replay_curves.py) and this machine's: docs/performance.md, "On other hardware".
 The cost curve, tie margin and exact batch size are this target's own, as a live run gets them (from
 the calibration cache, $SPECCHAT_HOME/calibration.json, else measured now); `--curves all` also replays
 under every other verify curve cached there: the same VM measured V(4)/V(1) from 2.6 to 3.2 on
@@ -38,15 +44,19 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
 
 from specchat import store  # noqa: E402
-from specchat.decoding.calibration import Costs, calibrate, exact_rows, tie_margin  # noqa: E402
+from specchat.decoding.calibration import K_MAX, Costs, calibrate, exact_rows, tie_margin  # noqa: E402
 from specchat.decoding.drafters import NGRAM_ROUTE_PRIORS, NgramDrafter  # noqa: E402
 from specchat.decoding.events import Done, Round  # noqa: E402
 from specchat.decoding.loop import Settings, generate  # noqa: E402
 from specchat.decoding.planner import AutoPlanner  # noqa: E402
 
+sys.path.insert(0, str(HERE))
+from replay_draft import ROUND_OVERHEAD, DraftTrace, hindsight_seconds, teacher_force_draft  # noqa: E402
+
 #: prompt categories that copy their input (the rest are judged on staying at plain speed)
 COPYING = {"edit", "revision"}
-ROUND_OVERHEAD = 0.0006  # seconds of Python per round (planner + verify), measured with cProfile
+#: the top-2 gap recorded where it is never read (every batch exact): far outside any tie margin
+NO_TIE = 1e9
 
 
 class Replay:
@@ -93,41 +103,10 @@ class Replay:
 def hindsight_ratio(
     prompt: list[int], output: list[int], gaps: list[float], curve: list[float], margin: float, exact_n: int
 ) -> float:
-    """Plain time / the fastest schedule of rounds any planner could choose with the n-gram drafter.
-
-    best[i][r]: seconds to finish from output position i; r = 1 when a near-tie stopped the round
-    before, so this round may only verify an exact batch (the loop re-checks that position as
-    one-token decoding does). A round from i with k drafts walks its rows: an inexact batch stops
-    at a row whose top-2 gap is within the margin (committing the drafts before it), a wrong draft
-    gives the target's correction, k right drafts give k + 1 tokens."""
-    n_out, k_top = len(output), len(curve) - 1
-    drafter = NgramDrafter()
-    props = []
-    for i in range(n_out):
-        ctx = prompt + output[:i]
-        props.append(drafter.propose(ctx, k_top, None, None).tokens if drafter.route(ctx) else [])  # type: ignore[arg-type]
-    v = [c + ROUND_OVERHEAD for c in curve]
-    best = [[0.0, 0.0] for _ in range(n_out + 1)]
-    for i in range(n_out - 1, -1, -1):
-        for after_tie in (1, 0):  # best[i][1] first: a tie on row 0 hands position i to it
-            here = v[0] + best[i + 1][0]
-            p = props[i]
-            for k in range(1, min(len(p), k_top, n_out - i - 1) + 1):
-                inexact = k + 1 > exact_n
-                if after_tie and inexact:
-                    break
-                j = 0
-                while True:
-                    if inexact and gaps[i + j] < margin:
-                        t = v[k] + best[i + j][1]
-                        break
-                    if j == k or p[j] != output[i + j]:
-                        t = v[k] + best[min(n_out, i + j + 1)][0]
-                        break
-                    j += 1
-                here = min(here, t)
-            best[i][after_tie] = here
-    return n_out * v[0] / best[0][0]
+    """Plain time / the fastest schedule of rounds any planner could choose with the n-gram drafter
+    (replay_draft.hindsight_seconds, which also knows the draft model)."""
+    best = hindsight_seconds(prompt, output, gaps, curve, margin, exact_n)
+    return len(output) * (curve[0] + ROUND_OVERHEAD) / best
 
 
 def chatml(messages: list[dict[str, str]]) -> str:
@@ -139,28 +118,59 @@ def chatml(messages: list[dict[str, str]]) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("target")
-    ap.add_argument("results", type=Path)
-    ap.add_argument("--prompts", type=Path, default=HERE / "copy_prompts.jsonl")
+    ap.add_argument("results", type=Path, nargs="+", help="one RESULTS.json per prompt set")
+    ap.add_argument("--prompts", type=Path, nargs="+", default=[HERE / "copy_prompts.jsonl"],
+                    help="the prompt file of each RESULTS.json, in the same order")  # fmt: skip
     ap.add_argument("--seeds", type=int, default=6)
     ap.add_argument("--curves", choices=("own", "all"), default="own")
     ap.add_argument("--oracle", action="store_true", help="also print the hindsight bound per prompt")
+    ap.add_argument("--draft", default=None, help="the draft model GGUF: teacher-forced once (--hardware)")
+    ap.add_argument(
+        "--hardware",
+        action="store_true",
+        help="every policy under every curve in curves/ and this machine's (with --draft)",
+    )
     ap.add_argument("--cache", type=Path, default=None,
-                    help="keep the teacher-forced gaps here and reuse them (replays in seconds); "
-                         "delete it when RESULTS or the target change")  # fmt: skip
+                    help="keep the teacher-forced gaps (and draft passes) here and reuse them (replays in "
+                         "seconds); delete it when RESULTS, the target or the draft change")  # fmt: skip
     args = ap.parse_args()
-    sys.path.insert(0, str(HERE))
+    if len(args.prompts) != len(args.results):
+        ap.error("give one --prompts file per RESULTS.json")
+    if args.hardware and not args.draft:
+        ap.error("--hardware needs --draft")
 
-    recorded = json.loads(args.results.read_text())["results"]
-    prompts = {p["name"]: p for p in map(json.loads, args.prompts.read_text().splitlines()) if p}
-    if args.cache and args.cache.is_file():  # the teacher-forced pass of an earlier replay
-        saved = json.loads(args.cache.read_text())
-        cases = {n: tuple(c) for n, c in saved["cases"].items()}
+    recorded: dict = {}
+    prompts: dict = {}
+    sets: dict[str, list[str]] = {}
+    for res_path, prompt_path in zip(args.results, args.prompts, strict=True):
+        found = json.loads(res_path.read_text())["results"]
+        recorded.update(found)
+        sets[prompt_path.stem.removesuffix("_prompts")] = list(found)
+        prompts.update({p["name"]: p for p in map(json.loads, prompt_path.read_text().splitlines()) if p})
+    saved = json.loads(args.cache.read_text()) if args.cache and args.cache.is_file() else None
+    if saved is not None and set(saved["cases"]) >= set(recorded):  # the passes of an earlier replay
+        cases = {n: tuple(c) for n, c in saved["cases"].items() if n in recorded}
         margin, exact_n, own = saved["margin"], saved["exact_n"], saved["curve"]
     else:
         cases, margin, exact_n, own = teacher_force(args.target, recorded, prompts)
-        if args.cache:
-            doc = {"cases": cases, "margin": margin, "exact_n": exact_n, "curve": own}
-            args.cache.write_text(json.dumps(doc))
+        saved = {"cases": cases, "margin": margin, "exact_n": exact_n, "curve": own}
+    traces: dict[str, DraftTrace] = {}
+    if args.draft:
+        known = saved.get("traces", {})
+        missing = {n: c for n, c in cases.items() if n not in known}
+        if missing:
+            known.update({n: [t.right, t.conf] for n, t in teacher_force_draft(args.draft, missing).items()})
+            saved["traces"] = known
+        traces = {n: DraftTrace(*known[n]) for n in cases}
+    if args.cache:
+        args.cache.write_text(json.dumps(saved))
+    if args.hardware:
+        from replay_curves import measured_cpu, published
+        from replay_hardware import report as report_hardware
+
+        curves = measured_cpu(own) + published()
+        report_hardware(cases, traces, sets, curves, margin, exact_n, seeds=args.seeds)
+        return
     curves = [own]
     if args.curves == "all":  # every other verify curve cached on this machine, measured earlier
         cal = store.read_json(store.home() / "calibration.json")
@@ -190,6 +200,11 @@ def teacher_force(
         for name, runs in recorded.items():
             prompt = m.tokenize(chatml(prompts[name]["messages"]))
             output = runs["specchat plain"][0]["tokens"]
+            if exact_n > K_MAX:
+                # every verify batch is bit-exact (the patched build): no row is ever judged against
+                # the margin, so the gaps are never read and the one-token pass can be skipped
+                cases[name] = (prompt, output, [NO_TIE] * len(output))
+                continue
             m.truncate(0)
             m.decode(prompt[:-1], [])
             gaps = []

@@ -1,0 +1,182 @@
+"""replay_planner.py --hardware: every policy under every cost curve, over the recorded answers.
+
+Per curve (replay_curves.py: published llama-bench figures for other hardware, and this machine's
+measured ones) and per answer, simulated speed-ups over plain decoding for:
+
+* auto: specchat's default run (`--draft MODEL --draft ngram`, `-k auto`): AutoPlanner over both
+  drafters, averaged over seeds (its exploration is random);
+* specchat's best fixed k: `-k N` (the first drafter, the draft model, at its default p-min 0.75),
+  and n-gram lookup alone at `-k N`, whichever N and drafter does best on this curve over all answers;
+* llama.cpp's defaults: `llama-server --spec-type draft-simple` (draft n-max 3, n-min 0, p-min 0);
+* llama.cpp's best fixed setting: the (n-max, p-min) that does best on this curve over all answers;
+* the best fixed setting per answer: of all the fixed settings above, the best for each answer,
+  as if a user knew in advance which one suits it;
+* the hindsight bound over both drafters (replay_draft.hindsight_seconds): the best draft length and
+  drafter for every round, knowing where each draft would fail.
+
+llama.cpp's draft-simple is replayed through the same loop as a fixed draft length with its p-min
+cut-off, its batches trusted without a tie margin (the most favourable reading of it). The "best"
+settings are chosen knowing every answer, so they are bounds for a fixed setting, not settings a
+user could know in advance. Cells are geometric means over a prompt set.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable, Sequence
+
+import numpy as np
+from replay_curves import Curve
+from replay_draft import ROUND_OVERHEAD, DraftTrace, ReplayDraftModel, hindsight_seconds
+
+from specchat.decoding.calibration import Costs
+from specchat.decoding.drafters import NGRAM_ROUTE_PRIORS, NgramDrafter
+from specchat.decoding.events import Done, Round
+from specchat.decoding.loop import FixedK, Planner, Settings, generate
+
+#: draft lengths tried for the fixed settings, and llama.cpp's p-min values
+FIXED_K = (1, 2, 3, 4, 6, 8, 12, 16)
+LLAMA_P_MIN = (0.0, 0.5, 0.75, 0.9)
+SPECCHAT_P_MIN = 0.75  # specchat's default cut-off under -k N, greedy (drafters.default_p_min)
+
+Case = tuple[list[int], list[int], list[float]]
+
+
+def geomean(xs: Sequence[float]) -> float:
+    return math.exp(statistics.fmean(math.log(x) for x in xs)) if xs else float("nan")
+
+
+class Replayer:
+    """Runs one policy over one recorded answer under one curve and returns plain time / its time."""
+
+    def __init__(self, case: Case, trace: DraftTrace, margin: float, exact_n: int) -> None:
+        from replay_planner import Replay  # the stand-in target (replay_planner imports this module lazily)
+
+        prompt, output, gaps = case
+        ids = {t: i for i, t in enumerate(sorted({*prompt, *output, 0}))}
+        self.p, self.o = [ids[t] for t in prompt], [ids[t] for t in output]
+        self.gaps, self.vocab, self.trace = gaps, len(ids) + 1, trace
+        self.margin, self.exact_n = margin, exact_n
+        self._replay = Replay
+
+    def draft(self, curve: Curve, p_min: float) -> ReplayDraftModel:
+        batch = [x / curve.verify[0] for x in curve.verify]
+        return ReplayDraftModel(len(self.p), self.o, self.trace, self.vocab, p_min, curve.draft, batch)
+
+    def run(self, curve: Curve, planner: Planner, drafters: list, *, margin: bool = True) -> float:  # type: ignore[type-arg]
+        spent, made = 0.0, 0
+        settings = Settings(max_tokens=len(self.o), tie_margin=self.margin if margin else 0.0,
+                            exact_rows=self.exact_n)  # fmt: skip
+        v = curve.verify
+        target = self._replay(self.p, self.o, self.gaps, self.vocab)
+        for ev in generate(target, self.p, drafters=drafters, planner=planner, settings=settings):
+            if isinstance(ev, Round):
+                spent += v[min((ev.proposed or 0) + 1, len(v)) - 1] + ROUND_OVERHEAD + ev.draft_seconds
+            elif isinstance(ev, Done):
+                made = ev.stats.generated_tokens
+        return made * (v[0] + ROUND_OVERHEAD) / spent
+
+    def auto(self, curve: Curve, seed: int, tune: Callable[[object], None] | None = None) -> float:
+        """specchat's default: AutoPlanner over the draft model and n-gram lookup (as make_planner)."""
+        from specchat.decoding.planner import AutoPlanner
+
+        costs = Costs(list(curve.verify), [curve.draft, 0.0], exact_n=self.exact_n,
+                      catch_up=[curve.catch_up, 0.0])  # fmt: skip
+        planner = AutoPlanner(costs, [(3.0, 2.0), (1.0, 1.0)], route_priors=[{}, NGRAM_ROUTE_PRIORS],
+                              rng=np.random.default_rng(seed), learn_costs=False)  # fmt: skip
+        if tune is not None:
+            tune(planner)
+        return self.run(curve, planner, [self.draft(curve, 0.0), NgramDrafter()])
+
+    def bound(self, curve: Curve, prompt: list[int], output: list[int]) -> float:
+        best = hindsight_seconds(prompt, output, self.gaps, curve.verify, self.margin, self.exact_n,
+                                 trace=self.trace, draft=curve.draft)  # fmt: skip
+        return len(output) * (curve.verify[0] + ROUND_OVERHEAD) / best
+
+
+def evaluate(
+    cases: dict[str, Case],
+    traces: dict[str, DraftTrace],
+    curve: Curve,
+    margin: float,
+    exact_n: int,
+    *,
+    seeds: int,
+) -> dict[str, dict[str, float]]:
+    """{policy: {answer: speed-up}} for one curve; fixed settings keyed 'spec k3 draft', 'llama n3 p0.5'."""
+    res: dict[str, dict[str, float]] = {}
+    for name, case in cases.items():
+        r = Replayer(case, traces[name], margin, exact_n)
+
+        def put(policy: str, value: float, name: str = name) -> None:
+            res.setdefault(policy, {})[name] = value
+
+        put("auto", statistics.fmean(r.auto(curve, s) for s in range(seeds)))
+        for k in FIXED_K:
+            put(f"spec k{k} draft", r.run(curve, FixedK(k), [r.draft(curve, SPECCHAT_P_MIN), NgramDrafter()]))
+            put(f"spec k{k} ngram", r.run(curve, FixedK(k), [NgramDrafter()]))
+            for pm in LLAMA_P_MIN:
+                put(f"llama n{k} p{pm:g}", r.run(curve, FixedK(k), [r.draft(curve, pm)], margin=False))
+        put("bound", r.bound(curve, case[0], case[1]))
+        put("per answer", max(v[name] for k, v in res.items() if k.startswith(("spec ", "llama "))))
+    return res
+
+
+def best_of(res: dict[str, dict[str, float]], prefix: str) -> str:
+    """The fixed setting with this prefix whose geomean over every answer is highest."""
+    keys = [k for k in res if k.startswith(prefix)]
+    return max(keys, key=lambda k: geomean(list(res[k].values())))
+
+
+def report(
+    cases: dict[str, Case],
+    traces: dict[str, DraftTrace],
+    sets: dict[str, list[str]],
+    curves: list[Curve],
+    margin: float,
+    exact_n: int,
+    *,
+    seeds: int,
+) -> None:
+    """Print one markdown table (a row per curve) and per-set detail under it."""
+    head = ("| curve | shape | auto | best fixed k (specchat) | llama.cpp default (n3 p0) | "
+            "llama.cpp best fixed | best fixed per answer | hindsight | auto / hindsight |")  # fmt: skip
+    rows, detail = [head, "|" + "---|" * 9], []
+    for curve in curves:
+        res = evaluate(cases, traces, curve, margin, exact_n, seeds=seeds)
+        spec, llama = best_of(res, "spec "), best_of(res, "llama ")
+
+        def g(policy: str, names: Sequence[str], res: dict[str, dict[str, float]] = res) -> float:
+            return geomean([res[policy][n] for n in names])
+
+        every = list(cases)
+        cells = [
+            curve.name,
+            curve.shape(),
+            f"{g('auto', every):.3f}x",
+            f"{g(spec, every):.3f}x ({spec[5:]})",
+            f"{g('llama n3 p0', every):.3f}x",
+            f"{g(llama, every):.3f}x ({llama[6:]})",
+            f"{g('per answer', every):.3f}x",
+            f"{g('bound', every):.3f}x",
+            f"{g('auto', every) / g('bound', every):.3f}",
+        ]
+        rows.append("| " + " | ".join(cells) + " |")
+        for set_name, names in sets.items():
+            worst = min(names, key=lambda n: res["auto"][n] / res["bound"][n])
+            parts = [
+                f"auto {g('auto', names):.3f}x",
+                f"{spec[5:]} {g(spec, names):.3f}x",
+                f"llama n3 p0 {g('llama n3 p0', names):.3f}x",
+                f"{llama[6:]} {g(llama, names):.3f}x",
+                f"best fixed per answer {g('per answer', names):.3f}x",
+                f"bound {g('bound', names):.3f}x",
+                f"auto/bound {g('auto', names) / g('bound', names):.3f}",
+                f"worst answer {worst} {res['auto'][worst] / res['bound'][worst]:.3f}",
+            ]
+            per = ", ".join(f"{n} {res['auto'][n]:.2f}/{res['bound'][n]:.2f}" for n in names)
+            detail.append(f"  {curve.name} / {set_name}: " + ", ".join(parts) + f"; per answer {per}")
+        print(rows[-1], flush=True)
+    print("\n" + "\n".join(rows))
+    print("\nper prompt set (geomeans; per answer: auto / bound):\n" + "\n".join(detail))
