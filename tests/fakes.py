@@ -112,6 +112,26 @@ def plain_greedy(model: FakeModel, prompt: Sequence[int], n: int) -> list[int]:
     return out
 
 
+class NoisyBatchModel(FakeModel):
+    """A backend whose batched rows round differently from one-token rows (like llama.cpp's CPU
+    flash attention, which splits the KV cache across threads only for a single query row)."""
+
+    def __init__(self, eps: float, **kw):
+        super().__init__(**kw)
+        self.eps = eps
+
+    def decode(self, tokens, logits_rows):
+        out = super().decode(tokens, logits_rows)
+        if len(tokens) > 1:
+            base = len(self._tokens) - len(tokens)
+            for j, r in enumerate(logits_rows):
+                seed = hash(tuple(self._tokens[: base + r + 1])) % 2**32
+                out[j] += (
+                    np.random.default_rng(seed).uniform(-self.eps, self.eps, self.n_vocab).astype(np.float32)
+                )
+        return out
+
+
 class DriftModel(FakeModel):
     """Like llama.cpp's repacked CPU weights: batches over `exact` rows round differently (±eps), and
     so does every later row, one token alone included, once such a batch's K/V are in the cache."""

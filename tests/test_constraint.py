@@ -19,7 +19,7 @@ from specchat.decoding.events import Done, Notice, Source, Token
 from specchat.decoding.loop import FixedK, Settings, generate
 from specchat.decoding.sampling import SamplingParams, probs
 
-from .fakes import FakeModel, TokenAutomaton, constrained_greedy
+from .fakes import FakeModel, NoisyBatchModel, TokenAutomaton, constrained_greedy
 
 PROMPT = [1, 2, 3, 4]
 
@@ -117,23 +117,6 @@ def test_cheap_path_checks_a_few_tokens_not_the_vocabulary():
     assert toks == ref
     assert auto.largest == CANDIDATES[1] < vocab  # never a full mask of the vocabulary here
     assert auto.checks < 30 * 5 * 80  # rows walked x a few candidates each, on average
-
-
-class NoisyBatchModel(FakeModel):
-    """Batched rows round differently from one-token rows (see test_loop)."""
-
-    def __init__(self, eps: float, **kw):
-        super().__init__(**kw)
-        self.eps = eps
-
-    def decode(self, tokens, logits_rows):
-        out = super().decode(tokens, logits_rows)
-        if len(tokens) > 1:
-            base = len(self._tokens) - len(tokens)
-            for j, r in enumerate(logits_rows):
-                rng = np.random.default_rng(hash(tuple(self._tokens[: base + r + 1])) % 2**32)
-                out[j] += rng.uniform(-self.eps, self.eps, self.n_vocab).astype(np.float32)
-        return out
 
 
 @pytest.mark.parametrize("vocab", [8, 64])

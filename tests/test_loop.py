@@ -12,7 +12,7 @@ from specchat.decoding.events import Done, Round, Source, Token
 from specchat.decoding.loop import FixedK, Settings, generate, greedy_gap
 from specchat.decoding.sampling import SamplingParams
 
-from .fakes import DriftModel, FakeModel, plain_greedy
+from .fakes import DriftModel, FakeModel, NoisyBatchModel, plain_greedy
 
 PROMPT = [1, 2, 3, 4]
 
@@ -213,26 +213,6 @@ def test_draft_with_larger_vocab_never_accepts_out_of_range_ids():
         tokens, _, stats = run(target, draft, k=3, n=15, params=params)
         assert stats.accepted == 0
         assert all(t.id < 6 for t in tokens)
-
-
-class NoisyBatchModel(FakeModel):
-    """A backend whose batched rows round differently from one-token rows (like llama.cpp's CPU
-    flash attention, which splits the KV cache across threads only for a single query row)."""
-
-    def __init__(self, eps: float, **kw):
-        super().__init__(**kw)
-        self.eps = eps
-
-    def decode(self, tokens, logits_rows):
-        out = super().decode(tokens, logits_rows)
-        if len(tokens) > 1:
-            base = len(self._tokens) - len(tokens)
-            for j, r in enumerate(logits_rows):
-                seed = hash(tuple(self._tokens[: base + r + 1])) % 2**32
-                out[j] += (
-                    np.random.default_rng(seed).uniform(-self.eps, self.eps, self.n_vocab).astype(np.float32)
-                )
-        return out
 
 
 def test_tie_margin_keeps_greedy_output_equal_to_one_token_decoding():

@@ -81,7 +81,22 @@ _SCHEMA_LISTS = frozenset({"anyOf", "oneOf", "allOf", "prefixItems"})
 _SCHEMA_MAPS = frozenset({"properties", "$defs", "definitions"})
 
 
-class GrammarState:
+class _OwnsSampler:
+    """Holds a llama.cpp sampler and frees it once (close, or garbage collection)."""
+
+    _sampler: int | None = None
+
+    def close(self) -> None:
+        if self._sampler is not None:
+            llama_cpp.llama_sampler_free(self._sampler)
+            self._sampler = None
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):  # at interpreter exit llama_cpp may be gone already
+            self.close()
+
+
+class GrammarState(_OwnsSampler):
     """One answer's position in a grammar (a `decoding.constraint.Constraint`)."""
 
     def __init__(self, grammar: Grammar, sampler: int) -> None:
@@ -98,17 +113,8 @@ class GrammarState:
             raise ValueError(f"token {token} is not allowed by the grammar here")
         llama_cpp.llama_sampler_accept(self._sampler, token)
 
-    def close(self) -> None:
-        if self._sampler is not None:
-            llama_cpp.llama_sampler_free(self._sampler)
-            self._sampler = None
 
-    def __del__(self) -> None:
-        with contextlib.suppress(Exception):  # at interpreter exit llama_cpp may be gone already
-            self.close()
-
-
-class Grammar:
+class Grammar(_OwnsSampler):
     """A GBNF grammar compiled for `model`'s vocabulary; `start()` gives a fresh state to walk.
     BadInput when llama.cpp cannot parse it (the message has its parser's reason when it gave one)."""
 
@@ -153,15 +159,6 @@ class Grammar:
         self._array.sorted = False
         llama_cpp.llama_sampler_apply(sampler, self._ref)
         return buf["logit"] == 0.0  # forbidden tokens were set to -inf
-
-    def close(self) -> None:
-        if self._sampler is not None:
-            llama_cpp.llama_sampler_free(self._sampler)
-            self._sampler = None
-
-    def __del__(self) -> None:
-        with contextlib.suppress(Exception):  # at interpreter exit llama_cpp may be gone already
-            self.close()
 
 
 def compile_grammar(model: LlamaModel, spec: GrammarSpec) -> Grammar:

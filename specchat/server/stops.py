@@ -55,18 +55,23 @@ class StopFilter:
         return best
 
     def _take(self, n: int) -> list[Piece]:
-        """The first n characters of the held pieces (splitting one if needed)."""
-        out: list[Piece] = []
-        while n > 0 and self._held:
-            text, source = self._held[0]
-            if len(text) <= n:
-                out.append(self._held.pop(0))
-                n -= len(text)
-            else:
-                out.append((text[:n], source))
-                self._held[0] = (text[n:], source)
-                n = 0
-        return out
+        return take_pieces(self._held, n)
+
+
+def take_pieces(held: list[Piece], n: int) -> list[Piece]:
+    """Remove and return the first n characters of `held` (splitting a piece if needed): how a
+    filter that holds text back (stop strings here, tool-call markers in toolcalls.py) lets it go."""
+    out: list[Piece] = []
+    while n > 0 and held:
+        text, source = held[0]
+        if len(text) <= n:
+            out.append(held.pop(0))
+            n -= len(text)
+        else:
+            out.append((text[:n], source))
+            held[0] = (text[n:], source)
+            n = 0
+    return out
 
 
 class TokenGate(Generic[T]):

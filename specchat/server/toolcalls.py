@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .api import Reply
-from .stops import Piece
+from .stops import Piece, take_pieces
 from .tools import ToolSpec
 
 TAG, TAG_END = "<tool_call>", "</tool_call>"
@@ -295,18 +295,8 @@ class ToolStream:
         self._take(n)
 
     def _take(self, n: int) -> list[Piece]:
-        out: list[Piece] = []
         self._text = self._text[n:]
-        while n > 0 and self._held:
-            text, source = self._held[0]
-            if len(text) <= n:
-                out.append(self._held.pop(0))
-                n -= len(text)
-            else:
-                out.append((text[:n], source))
-                self._held[0] = (text[n:], source)
-                n = 0
-        return out
+        return take_pieces(self._held, n)
 
 
 def _partial(tail: str) -> bool:
