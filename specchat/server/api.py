@@ -395,10 +395,11 @@ class Reply:
         }
 
 
-def usage(stats: Sequence[Stats], cached: int) -> dict[str, object]:
-    """OpenAI's usage object over a request's answers (the prompt counted once); `cached_tokens` are
-    the prompt tokens found in the KV cache."""
-    prompt = stats[0].prompt_tokens if stats else 0
+def usage(stats: Sequence[Stats], cached: int, n: int | None = None) -> dict[str, object]:
+    """OpenAI's usage object over a request's answers, `n` per prompt in index order (None: all of
+    one prompt), each prompt counted once; `cached_tokens` are the prompt tokens the target did not
+    decode (found in the KV cache, or restored by the prompt cache)."""
+    prompt = sum(s.prompt_tokens for s in stats[:: n or max(1, len(stats))])
     completion = sum(s.generated_tokens for s in stats)
     return {
         "prompt_tokens": prompt,

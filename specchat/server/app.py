@@ -253,7 +253,7 @@ async def _sse(job: Job, reply: Reply, req: GenRequest) -> AsyncIterator[str]:
                     yield _event(chunk)
             final = replies[-1].final_chunk(msg.index, reason, msg.stats, totals=totals, cached=cached)
             if totals and len(replies) > 1:
-                final["usage"] = prompts.batch_usage(stats, req.n, cached)
+                final["usage"] = api.usage(stats, cached, req.n)
             yield _event(final)
             if opens and len(stats) < req.choices and len(stats) % req.n:
                 yield _event(replies[-1].chunk(index=len(stats), first=True))
@@ -269,7 +269,7 @@ async def _sse(job: Job, reply: Reply, req: GenRequest) -> AsyncIterator[str]:
     if req.include_usage and len(stats) == req.choices:
         usage_chunk = reply.usage_chunk(stats, cached)
         if len(replies) > 1:
-            usage_chunk["usage"] = prompts.batch_usage(stats, req.n, cached)
+            usage_chunk["usage"] = api.usage(stats, cached, req.n)
         yield _event(usage_chunk)
     yield "data: [DONE]\n\n"
 

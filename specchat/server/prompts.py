@@ -16,8 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ..decoding.events import Stats
-from .api import ApiError, Choice, Reply, _is_int, _kind, combined, speculative
+from .api import ApiError, Choice, Reply, _is_int, _kind, combined, speculative, usage
 
 #: A prompt as sent: text (tokenized with the model's tokenizer) or token ids (decoded as they are).
 Prompt = str | tuple[int, ...]
@@ -79,19 +78,6 @@ def check_choices(n_prompts: int, n: int) -> None:
         )
 
 
-def batch_usage(stats: Sequence[Stats], n: int, cached: int) -> dict[str, object]:
-    """OpenAI's usage over a request's answers, n per prompt in index order: every prompt's tokens
-    (counted once per prompt) and every answer's."""
-    prompt = sum(s.prompt_tokens for s in stats[::n])
-    completion = sum(s.generated_tokens for s in stats)
-    return {
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
-        "prompt_tokens_details": {"cached_tokens": cached},
-    }
-
-
 def batch_body(parts: Sequence[tuple[Reply, Sequence[Choice], int]], n: int) -> dict[str, object]:
     """The whole response of a request with several prompts: per prompt (its Reply, which echoes that
     prompt; its n choices, already at their final indexes; its cached prompt tokens) the choices as one
@@ -104,6 +90,6 @@ def batch_body(parts: Sequence[tuple[Reply, Sequence[Choice], int]], n: int) -> 
     return {
         **{k: v for k, v in bodies[0].items() if k not in ("choices", "usage", "speculative")},
         "choices": [c for b in bodies for c in b["choices"]],  # type: ignore[attr-defined]
-        "usage": batch_usage(stats, n, sum(c for _, _, c in parts)),
+        "usage": usage(stats, sum(c for _, _, c in parts), n),
         "speculative": speculative(combined(stats)),
     }
