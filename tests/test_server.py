@@ -25,6 +25,7 @@ from typer.testing import CliRunner
 
 from specchat.cli import app as cli_app
 from specchat.decoding.loop import FixedK
+from specchat.decoding.sampling import SamplingParams
 from specchat.errors import ContextFull
 from specchat.server.api import ApiError, Defaults, parse_json, parse_request
 from specchat.server.app import ServerThread, bind, create_app, is_loopback
@@ -383,7 +384,9 @@ def test_shutdown_during_the_first_of_n_answers_answers_with_all_n():
 
 
 def test_request_defaults_and_accepted_forms():
-    d = Defaults(max_tokens=99, temperature=0.3, top_k=7, top_p=0.8, seed=4, system="be brief")
+    d = Defaults(
+        max_tokens=99, params=SamplingParams(temperature=0.3, top_k=7, top_p=0.8), seed=4, system="be brief"
+    )
     body = {
         "model": "anything",
         "messages": [
@@ -403,7 +406,7 @@ def test_request_defaults_and_accepted_forms():
         {"role": "user", "content": "ab"},
         {"role": "assistant", "content": ""},
     )
-    assert (req.max_tokens, req.temperature, req.top_k, req.top_p, req.seed) == (5, 0.3, 7, 0.8, 4)
+    assert (req.max_tokens, req.params, req.seed) == (5, d.params, 4)
     assert req.stop == ("END",) and req.stream and req.include_usage
     plain = parse_request("chat", {"messages": [{"role": "user", "content": "x"}]}, d)
     assert plain.messages[0] == {"role": "system", "content": "be brief"}  # --system when none sent

@@ -10,6 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from specchat.decoding.sampling import SamplingParams
 from specchat.server.api import ApiError, GenRequest
 from specchat.server.tokens import parse_tokenize
 from specchat.server.worker import Delta, Finished, Job, Worker
@@ -138,9 +139,7 @@ def test_a_quick_job_runs_between_rounds_of_a_generation(tiny_engine):
         kind="completion",
         prompt="Once upon a time",
         max_tokens=200,
-        temperature=0.0,
-        top_k=40,
-        top_p=1.0,
+        params=SamplingParams(temperature=0.0, top_p=1.0),
         seed=0,
     )
 

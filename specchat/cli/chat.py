@@ -6,8 +6,10 @@ from typing import Annotated
 
 import typer
 
+from ..decoding.settings import SamplingParams
 from .common import guarded
 from .options import (
+    DEFAULT_SAMPLING,
     CtxOpt,
     DraftGpuOpt,
     DraftOpt,
@@ -22,12 +24,10 @@ from .options import (
     StrictOpt,
     SystemOpt,
     TargetArg,
-    TempOpt,
     ThreadsOpt,
-    TopKOpt,
-    TopPOpt,
     VerboseOpt,
     parse_k,
+    sampling_options,
 )
 
 
@@ -37,15 +37,14 @@ def register(app: typer.Typer) -> None:
 
 
 @guarded
+@sampling_options()
 def chat(
     target: TargetArg,
     draft: DraftOpt = None,
     no_draft: NoDraftOpt = False,
     k: KOpt = "auto",
     p_min: PMinOpt = None,
-    temp: TempOpt = 0.0,
-    top_k: TopKOpt = 40,
-    top_p: TopPOpt = 0.95,
+    sampling: SamplingParams = DEFAULT_SAMPLING,  # one option per setting (sampling_options)
     seed: SeedOpt = None,
     max_tokens: Annotated[
         int, typer.Option("--max-tokens", "-n", help="Stop each answer after this many tokens.")
@@ -77,8 +76,8 @@ def chat(
     from .chat_ui import start_chat
 
     opts = Options(
-        target, drafts=tuple(draft or ()), no_draft=no_draft, k=parse_k(k), p_min=p_min, temperature=temp,
-        top_k=top_k, top_p=top_p, seed=seed, max_tokens=max_tokens, ctx_size=ctx_size, gpu_layers=gpu_layers,
+        target, drafts=tuple(draft or ()), no_draft=no_draft, k=parse_k(k), p_min=p_min, params=sampling,
+        seed=seed, max_tokens=max_tokens, ctx_size=ctx_size, gpu_layers=gpu_layers,
         draft_gpu_layers=draft_gpu_layers, threads=threads, system=system, offline=offline, force=force,
         strict=strict, verbose=verbose,
     )  # fmt: skip

@@ -3,26 +3,42 @@
 Why one object: the commands take the same generation and loading settings. Typer reads each
 command's own signature, so every command lists its options with the Annotated aliases below; it then
 builds one `Options`, validated once here, and hands that on. How a setting is checked, what it
-defaults to and how it becomes a `loader.LoadConfig`, `SamplingParams` or planner choice is written
-once, in this module, and no command module imports another.
+defaults to and how it becomes a `loader.LoadConfig` or planner choice is written once, in this
+module, and no command module imports another.
 
-Nothing heavy is imported at module level, so `specchat --help` stays instant.
+The sampling settings (`--temp`, `--top-k`, `--top-p`, ...) are not listed here at all: they are
+`decoding/settings.py`'s table, and `sampling_options` turns each entry into a Typer option. Typer
+needs a real parameter per option to show it in `--help` and parse it, so the decorator rewrites the
+command's signature: it replaces the one parameter `sampling: SamplingParams` by one keyword
+parameter per setting, typed, defaulted and helped from the table (Typer renders those exactly like
+a hand-written `Annotated[float, typer.Option("--top-p", help=...)] = 0.95`), and at call time folds
+them back into one `SamplingParams`, whose own check reports a bad value as one line naming the flag.
+The alternatives were worse: Annotated aliases with defaults from the table still need a parameter and
+an argument per setting in every command (the ~13 edits issue 32 counted), and a shared Typer callback
+cannot carry options for `run`, `chat` and `serve` alike.
+
+Nothing heavy is imported at module level (`decoding.settings` is standard library only), so
+`specchat --help` stays instant.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 
+from ..decoding.settings import SETTINGS, SamplingParams, SettingError
 from ..errors import BadInput
 from .common import check_range
 
 if TYPE_CHECKING:
-    from ..decoding.sampling import SamplingParams
     from ..models.loader import LoadConfig
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 # --- option types, reused by every command that takes the setting -----------------------------------------
@@ -60,9 +76,6 @@ PMinOpt = Annotated[
         "none, the cost model decides how far to draft; with -k N: 0.75 greedy, 0.5 sampling).",
     ),
 ]
-TempOpt = Annotated[float, typer.Option("--temp", help="Sampling temperature; 0 = greedy (deterministic).")]
-TopKOpt = Annotated[int, typer.Option("--top-k", help="Sample from the k most likely tokens (0 = off).")]
-TopPOpt = Annotated[float, typer.Option("--top-p", help="Nucleus sampling mass in (0, 1] (1 = off).")]
 SeedOpt = Annotated[int | None, typer.Option("--seed", help="Random seed for sampling (repeatable runs).")]
 MaxTokOpt = Annotated[int, typer.Option("--max-tokens", "-n", help="Stop after this many generated tokens.")]
 CtxOpt = Annotated[int, typer.Option("--ctx-size", "-c", help="Context window in tokens (prompt + output).")]
@@ -105,6 +118,55 @@ NoColorOpt = Annotated[
 ]
 
 
+#: What a command's `sampling` parameter defaults to before `sampling_options` replaces it (frozen).
+DEFAULT_SAMPLING = SamplingParams()
+
+
+def sampling_options(*, for_requests: bool = False) -> Callable[[F], F]:
+    """Give a command one option per sampling setting, in place of its `sampling` parameter.
+
+    The command declares `sampling: SamplingParams = DEFAULT_SAMPLING` where the options should
+    appear in `--help`, and receives the checked `SamplingParams`. `for_requests` (serve) says in
+    each help line that it is the default for HTTP requests that leave the field out.
+    """
+
+    def decorate(fn: F) -> F:
+        sig = inspect.signature(fn, eval_str=True)  # the Annotated types Typer reads, not strings
+        options = [
+            inspect.Parameter(
+                s.name,
+                inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                default=s.default,
+                annotation=Annotated[
+                    s.type,  # type: ignore[valid-type]
+                    typer.Option(
+                        s.flag,
+                        help=f"{s.help} For requests that send no `{s.name}`." if for_requests else s.help,
+                    ),
+                ],
+            )
+            for s in SETTINGS
+        ]
+        if "sampling" not in sig.parameters:
+            raise TypeError(f"{fn.__name__} has no `sampling` parameter to replace")
+        params = [q for p in sig.parameters.values() for q in (options if p.name == "sampling" else [p])]
+
+        @functools.wraps(fn)
+        def command(*args: Any, **kwargs: Any) -> Any:
+            given = {s.name: kwargs.pop(s.name) for s in SETTINGS if s.name in kwargs}
+            try:
+                sampling = SamplingParams(**given)
+            except SettingError as exc:
+                raise BadInput(str(exc)) from None
+            return fn(*args, sampling=sampling, **kwargs)
+
+        command.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
+        command.__annotations__ = {p.name: p.annotation for p in params}
+        return command  # type: ignore[return-value]
+
+    return decorate
+
+
 def parse_k(k: str) -> int | None:
     """`-k` as given: a number of draft tokens (0..64), or None for `auto` (the cost model decides)."""
     if k == "auto":
@@ -141,7 +203,8 @@ class Options:
     """Generation and loading settings of one command invocation, validated when built.
 
     `drafts` are the --draft values as given; `drafts_to_load` applies --no-draft and the
-    recommended default. `k` None means auto; `p_min` None means "follow the temperature".
+    recommended default. `k` None means auto; `p_min` None means "follow the temperature"; `params`
+    the sampling settings.
     """
 
     target: str
@@ -149,9 +212,7 @@ class Options:
     no_draft: bool = False
     k: int | None = None
     p_min: float | None = None
-    temperature: float = 0.0
-    top_k: int = 40
-    top_p: float = 0.95
+    params: SamplingParams = field(default_factory=SamplingParams)  # checked when it was built
     seed: int | None = None
     max_tokens: int = 256
     ctx_size: int = 4096
@@ -165,24 +226,13 @@ class Options:
     strict: bool = False
 
     def __post_init__(self) -> None:
-        """Check every number before anything slow happens, with the option's name in the message."""
-        check_range("--temp", self.temperature, 0)
-        if self.temperature != self.temperature:  # NaN
-            raise BadInput("--temp must be a number >= 0")
-        check_range("--top-k", self.top_k, 0)
-        if not (0 < self.top_p <= 1):
-            raise BadInput(f"--top-p must be in (0, 1] (got {self.top_p}); 1 disables it")
+        """Check every number before anything slow happens, with the option's name in the message
+        (the sampling settings are checked by `SamplingParams` itself)."""
         check_range("--max-tokens", self.max_tokens, 1)
         check_range("--ctx-size", self.ctx_size, 16)
         check_range("--threads", self.threads, 1)
         if self.p_min is not None and not (0 <= self.p_min <= 1):
             raise BadInput(f"--draft-p-min must be in [0, 1] (got {self.p_min})")
-
-    @property
-    def params(self) -> SamplingParams:
-        from ..decoding.sampling import SamplingParams
-
-        return SamplingParams(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)
 
     @property
     def draft_p_min(self) -> float:

@@ -10,9 +10,11 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
+from ..decoding.settings import SamplingParams
 from ..errors import BadInput
 from .common import EXIT_INTERRUPTED, err_console, guarded, load_models, out_console
 from .options import (
+    DEFAULT_SAMPLING,
     CtxOpt,
     DraftGpuOpt,
     DraftOpt,
@@ -29,12 +31,10 @@ from .options import (
     StrictOpt,
     SystemOpt,
     TargetArg,
-    TempOpt,
     ThreadsOpt,
-    TopKOpt,
-    TopPOpt,
     VerboseOpt,
     parse_k,
+    sampling_options,
 )
 
 
@@ -44,6 +44,7 @@ def register(app: typer.Typer) -> None:
 
 
 @guarded
+@sampling_options()
 def run(
     target: TargetArg,
     prompt: Annotated[
@@ -53,9 +54,7 @@ def run(
     no_draft: NoDraftOpt = False,
     k: KOpt = "auto",
     p_min: PMinOpt = None,
-    temp: TempOpt = 0.0,
-    top_k: TopKOpt = 40,
-    top_p: TopPOpt = 0.95,
+    sampling: SamplingParams = DEFAULT_SAMPLING,  # one option per setting (sampling_options)
     seed: SeedOpt = None,
     max_tokens: MaxTokOpt = 256,
     ctx_size: CtxOpt = 4096,
@@ -91,8 +90,8 @@ def run(
       specchat run target.gguf --no-draft -p "..." --json     # the plain-decoding baseline
     """
     opts = Options(
-        target, drafts=tuple(draft or ()), no_draft=no_draft, k=parse_k(k), p_min=p_min, temperature=temp,
-        top_k=top_k, top_p=top_p, seed=seed, max_tokens=max_tokens, ctx_size=ctx_size, gpu_layers=gpu_layers,
+        target, drafts=tuple(draft or ()), no_draft=no_draft, k=parse_k(k), p_min=p_min, params=sampling,
+        seed=seed, max_tokens=max_tokens, ctx_size=ctx_size, gpu_layers=gpu_layers,
         draft_gpu_layers=draft_gpu_layers, threads=threads, system=system, offline=offline, force=force,
         strict=strict, verbose=verbose,
     )  # fmt: skip

@@ -21,9 +21,11 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from ..decoding.settings import SamplingParams
 from ..errors import BadInput
 from .common import check_range, err_console, guarded, load_models
 from .options import (
+    DEFAULT_SAMPLING,
     CtxOpt,
     DraftGpuOpt,
     DraftOpt,
@@ -38,10 +40,9 @@ from .options import (
     StrictOpt,
     TargetArg,
     ThreadsOpt,
-    TopKOpt,
-    TopPOpt,
     VerboseOpt,
     parse_k,
+    sampling_options,
 )
 
 if TYPE_CHECKING:
@@ -59,17 +60,14 @@ def register(app: typer.Typer) -> None:
 
 
 @guarded
+@sampling_options(for_requests=True)
 def serve(
     target: TargetArg,
     draft: DraftOpt = None,
     no_draft: NoDraftOpt = False,
     k: KOpt = "auto",
     p_min: PMinOpt = None,
-    temp: Annotated[
-        float, typer.Option("--temp", help="Temperature for requests that send none; 0 = greedy.")
-    ] = 0.0,
-    top_k: TopKOpt = 40,
-    top_p: TopPOpt = 0.95,
+    sampling: SamplingParams = DEFAULT_SAMPLING,  # one option per setting (sampling_options)
     seed: SeedOpt = None,
     max_tokens: Annotated[
         int | None,
@@ -134,8 +132,8 @@ def serve(
       specchat serve ./target.gguf --draft ngram --port 8000 --api-key secret
     """
     opts = Options(
-        target, drafts=tuple(draft or ()), no_draft=no_draft, k=parse_k(k), p_min=p_min, temperature=temp,
-        top_k=top_k, top_p=top_p, seed=seed, max_tokens=max_tokens if max_tokens is not None else ctx_size,
+        target, drafts=tuple(draft or ()), no_draft=no_draft, k=parse_k(k), p_min=p_min, params=sampling,
+        seed=seed, max_tokens=max_tokens if max_tokens is not None else ctx_size,
         ctx_size=ctx_size, gpu_layers=gpu_layers, draft_gpu_layers=draft_gpu_layers, threads=threads,
         system=system, offline=offline, force=force, strict=strict, verbose=verbose,
     )  # fmt: skip
@@ -205,14 +203,7 @@ def _serve_loaded(
     app = create_app(
         worker,
         model=model,
-        defaults=Defaults(
-            max_tokens=opts.max_tokens,
-            temperature=opts.temperature,
-            top_k=opts.top_k,
-            top_p=opts.top_p,
-            seed=opts.seed,
-            system=opts.system,
-        ),
+        defaults=Defaults(max_tokens=opts.max_tokens, params=opts.params, seed=opts.seed, system=opts.system),
         api_key=api_key,
         info={
             "specchat": {"target": str(loaded.target.path), "drafts": drafts, "n_ctx": loaded.target.n_ctx}

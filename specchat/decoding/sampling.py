@@ -7,36 +7,15 @@ temperature 0 both p and q are one-hot at the argmax, so the rule reduces to "ac
 token is the target's argmax".
 
 Randomness always comes from a `numpy.random.Generator` passed in, so runs repeat under `--seed`.
+`SamplingParams`, the settings' table, lives in `settings.py` (no numpy, for the CLI's start-up) and is
+imported from here too.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-
 import numpy as np
 
-
-@dataclass(frozen=True, slots=True)
-class SamplingParams:
-    """Temperature 0 means greedy. top_k <= 0 and top_p >= 1 disable those filters."""
-
-    temperature: float = 0.0
-    top_k: int = 40
-    top_p: float = 0.95
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature <= 0.0
-
-    def check(self) -> None:
-        """Raise ValueError with a user-facing reason for values that make no distribution."""
-        if not math.isfinite(self.temperature) or self.temperature < 0:
-            raise ValueError(f"--temp must be >= 0 (got {self.temperature}); use 0 for greedy decoding")
-        if self.top_k < 0:
-            raise ValueError(f"--top-k must be >= 0 (got {self.top_k}); 0 disables it")
-        if not (0.0 < self.top_p <= 1.0):
-            raise ValueError(f"--top-p must be in (0, 1] (got {self.top_p}); 1 disables it")
+from .settings import SamplingParams
 
 
 def greedy(logits: np.ndarray) -> int:

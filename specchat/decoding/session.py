@@ -31,6 +31,7 @@ from .events import Done, Event, Stats, Token
 from .loop import Planner, Settings, Tally, generate
 from .model import Model
 from .sampling import SamplingParams
+from .settings import SettingError
 
 Message = dict[str, str]
 
@@ -447,9 +448,10 @@ class ChatSession:
             temp = float(arg)
         except ValueError:
             raise BadInput(f"/temp needs a number >= 0 (got {arg!r})") from None
-        if not (temp >= 0 and temp != float("inf")):
-            raise BadInput(f"/temp must be a number >= 0 (got {arg})")
-        self.params = replace(self.params, temperature=temp)
+        try:
+            self.params = replace(self.params, temperature=temp)  # checked by the settings' table
+        except SettingError as exc:
+            raise BadInput(exc.line("/temp")) from None
         self._apply_p_min()
         return Reply(f"temperature {temp:g}" + (" (greedy)" if self.params.greedy else ""))
 

@@ -24,16 +24,16 @@ figures are their totals.
 from __future__ import annotations
 
 import json
-import math
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..decoding.constraint import GrammarSpec
 from ..decoding.events import DrafterStats, RouteStats, Stats
 from ..decoding.logprobs import MAX_TOP, TokenLogprob
+from ..decoding.settings import SETTINGS, SamplingParams, SettingError
 from .formats import BadFormat, grammar_spec
 from .stops import Piece
 
@@ -82,9 +82,7 @@ class Defaults:
     """What a request gets for a field it leaves out: the `specchat serve` command-line settings."""
 
     max_tokens: int
-    temperature: float = 0.0
-    top_k: int = 40
-    top_p: float = 0.95
+    params: SamplingParams = field(default_factory=SamplingParams)
     seed: int | None = None
     system: str | None = None
 
@@ -95,9 +93,7 @@ class GenRequest:
 
     kind: Kind
     max_tokens: int
-    temperature: float
-    top_k: int
-    top_p: float
+    params: SamplingParams  # the sampling settings sent, the rest from Defaults.params
     seed: int | None
     messages: tuple[dict[str, Any], ...] = ()  # chat (tool calls and results: server/tools.py)
     prompt: str = ""  # completion: the first prompt when it is text
@@ -158,9 +154,7 @@ def parse_request(kind: Kind, body: Mapping[str, Any], defaults: Defaults) -> Ge
     max_tokens = _int(body, "max_completion_tokens", lo=least)
     if max_tokens is None:
         max_tokens = _int(body, "max_tokens", lo=least)
-    temperature = _number(body, "temperature", lo=0.0)
-    top_p = _number(body, "top_p", lo=0.0, lo_open=True, hi=1.0)
-    top_k = _int(body, "top_k", lo=0)
+    params = _sampling(body, defaults.params)
     stream = _bool(body, "stream")
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
@@ -185,9 +179,7 @@ def parse_request(kind: Kind, body: Mapping[str, Any], defaults: Defaults) -> Ge
         prompt=prompt,
         prompts=prompts,
         max_tokens=max_tokens if max_tokens is not None else defaults.max_tokens,
-        temperature=temperature if temperature is not None else defaults.temperature,
-        top_k=top_k if top_k is not None else defaults.top_k,
-        top_p=top_p if top_p is not None else defaults.top_p,
+        params=params,
         seed=seed if seed is not None else defaults.seed,
         stop=_stops(body.get("stop")),
         stream=bool(stream),
@@ -529,7 +521,7 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _int(body: Mapping[str, Any], name: str, *, lo: int, hi: int | None = None) -> int | None:
+def _int(body: Mapping[str, Any], name: str, *, lo: int | None, hi: int | None = None) -> int | None:
     value = body.get(name)
     if value is None:
         return None
@@ -537,26 +529,31 @@ def _int(body: Mapping[str, Any], name: str, *, lo: int, hi: int | None = None) 
         value = int(value)
     if not _is_int(value):
         raise ApiError(f"{name} must be an integer, not {_kind(value)}", param=name)
-    if value < lo:
+    if lo is not None and value < lo:
         raise ApiError(f"{name} must be >= {lo} (got {value})", param=name)
     if hi is not None and value > hi:
         raise ApiError(f"{name} must be at most {hi} (got {value})", param=name)
     return int(value)
 
 
-def _number(
-    body: Mapping[str, Any], name: str, *, lo: float, lo_open: bool = False, hi: float | None = None
-) -> float | None:
-    value = body.get(name)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise ApiError(f"{name} must be a number, not {_kind(value)}", param=name)
-    low = value <= lo if lo_open else value < lo
-    if low or (hi is not None and value > hi):
-        span = f"in ({lo:g}, {hi:g}]" if lo_open and hi is not None else f">= {lo:g}"
-        raise ApiError(f"{name} must be {span} (got {value})", param=name)
-    return float(value)
+def _sampling(body: Mapping[str, Any], defaults: SamplingParams) -> SamplingParams:
+    """The sampling settings (decoding/settings.py's table) the body sends, over `defaults`: each
+    field's JSON type checked here, its range (NaN and infinities included: Python's JSON reads them)
+    by `SamplingParams` itself, a 400 naming the field."""
+    given: dict[str, int | float] = {}
+    for s in SETTINGS:
+        if s.type is int:
+            value = _int(body, s.name, lo=None)
+        else:
+            value = body.get(s.name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+                raise ApiError(f"{s.name} must be a number, not {_kind(value)}", param=s.name)
+        if value is not None:
+            given[s.name] = s.type(value)
+    try:
+        return replace(defaults, **given)
+    except SettingError as exc:
+        raise ApiError(exc.line(exc.setting.name), param=exc.setting.name) from None
 
 
 def _bool(body: Mapping[str, Any], name: str, *, param: str | None = None) -> bool:

@@ -45,7 +45,6 @@ from ..decoding.events import Done, Round, Stats, Token
 from ..decoding.loop import Detokenizer, Planner, Tally
 from ..decoding.model import Model
 from ..decoding.prompt_cache import Prepared, PromptCache
-from ..decoding.sampling import SamplingParams
 from ..decoding.session import Engine, answer_events, follow_temperature
 from ..errors import ContextFull, SpecchatError
 from .api import ApiError, GenRequest, LogprobEntry, Progress, finish_reason, logprob_entry
@@ -393,7 +392,7 @@ class Worker:
     ) -> None:
         req = job.request
         backend = self.backend
-        params = SamplingParams(temperature=req.temperature, top_k=req.top_k, top_p=req.top_p)
+        params = req.params
         drafters = list(backend.drafters) if req.draft else []  # `speculative: false`: target alone
         follow_temperature(drafters, self.p_min, params, auto=self.k is None)
         if req.seed is None:

@@ -1,0 +1,149 @@
+"""The sampling settings, each described once: name, type, default, range, command-line flag and help.
+
+The table is `SamplingParams` itself: every field is declared with `setting(...)`, which stores the
+rest of its description in the field's metadata, and `SETTINGS` lists them in field order. Everything
+else reads it:
+
+- `specchat run`, `chat` and `serve` get one option per setting (`cli/options.py`'s
+  `sampling_options` writes the Typer parameters from `SETTINGS`, so `--help` shows the flag, help line
+  and default as a hand-written option would) and hand the command one `SamplingParams`;
+- the HTTP request parser (`server/api.py`) reads the field of the same name from the body, checks its
+  JSON type against the setting's type, and takes `serve`'s `SamplingParams` for what is left out;
+- the server's worker and the terminal chat pass that `SamplingParams` on as it is.
+
+Ranges are checked in one place: `SamplingParams.__post_init__`, so no `SamplingParams` out of range
+exists. It raises `SettingError`, which each caller words with its own name for the setting: the flag
+on the command line (`--top-p must be in (0, 1] ...`), the field in an HTTP 400 (`param: top_p`).
+
+Why the dataclass's fields are the table, rather than a list of entries from which the class is built:
+the sampler, the drafters and the tests read `params.top_p` as a plain typed attribute, and a class made
+at run time (`make_dataclass`) would hide its fields from readers, editors and linters. So a new
+setting is one `setting(...)` line here plus its use in `sampling.support()`; nothing else changes.
+
+Not here: `seed` and `max_tokens`. They never reach the distribution, their defaults differ by command
+(`run` 256 tokens, `chat` 512, `serve` until the context is full, the bench 128) and the API has its own
+forms of them (`max_completion_tokens`, `max_tokens` 0 with `echo`); they stay with each command.
+
+Imports only the standard library: the CLI builds its options from this module at start-up, and
+`specchat --help` must stay instant.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import Field, dataclass, field, fields
+from typing import Any, TypeVar
+
+T = TypeVar("T", int, float)
+
+_KEY = "specchat.setting"
+
+
+@dataclass(frozen=True, slots=True)
+class Range:
+    """Allowed values: >= lo (> lo when `lo_open`), and <= hi (< hi when `hi_open`) when hi is given."""
+
+    lo: float
+    hi: float | None = None
+    lo_open: bool = False
+    hi_open: bool = False
+
+    def __contains__(self, value: float) -> bool:
+        if not math.isfinite(value):
+            return False
+        if value < self.lo or (self.lo_open and value == self.lo):
+            return False
+        return self.hi is None or value < self.hi or (not self.hi_open and value == self.hi)
+
+    def __str__(self) -> str:
+        """As a message says it: `>= 0`, `> 0`, `in (0, 1]`, `in [0, 1)`."""
+        if self.hi is None:
+            return f"{'>' if self.lo_open else '>='} {self.lo:g}"
+        return f"in {'(' if self.lo_open else '['}{self.lo:g}, {self.hi:g}{')' if self.hi_open else ']'}"
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    """One sampling setting. `name` is the `SamplingParams` field and the HTTP body's field (OpenAI's
+    and llama-server's names); `flag` the command-line option; `off` the value that disables it, if
+    one does (said in the error, so the user learns how to turn it off)."""
+
+    name: str
+    type: type[int] | type[float]
+    default: int | float
+    range: Range
+    flag: str
+    help: str
+    off: int | float | None = None
+
+    def check(self, value: int | float) -> None:
+        """SettingError unless `value` is in range (NaN and infinities never are)."""
+        if value not in self.range:
+            raise SettingError(self, value)
+
+
+class SettingError(ValueError):
+    """A setting out of range. `str()` names the flag; `line(label)` words it for another caller."""
+
+    def __init__(self, setting: Setting, value: int | float) -> None:
+        self.setting = setting
+        self.value = value
+        super().__init__(self.line(setting.flag))
+
+    def line(self, label: str) -> str:
+        """The one-line reason, naming the setting as `label` (a flag, an HTTP field, a chat command)."""
+        off = f"; {self.setting.off:g} disables it" if self.setting.off is not None else ""
+        return f"{label} must be {self.setting.range} (got {self.value:g}){off}"
+
+
+def setting(
+    default: T,
+    *,
+    help: str,
+    lo: float,
+    hi: float | None = None,
+    lo_open: bool = False,
+    hi_open: bool = False,
+    flag: str | None = None,
+    off: T | None = None,
+) -> T:
+    """Declare a `SamplingParams` field with its description (the flag defaults to --the-name)."""
+    spec = {"range": Range(lo, hi, lo_open, hi_open), "help": help, "flag": flag, "off": off}
+    return field(default=default, metadata={_KEY: spec})
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """How the next token is drawn; the table of sampling settings (see the module docstring).
+
+    Applied identically to the target's p and every draft's q (sampling.probs), which exact
+    verification requires. Temperature 0 means greedy, and then the filters do not matter.
+    """
+
+    temperature: float = setting(
+        0.0, flag="--temp", lo=0.0, help="Sampling temperature; 0 = greedy (deterministic)."
+    )
+    top_k: int = setting(40, lo=0, off=0, help="Sample from the k most likely tokens (0 = off).")
+    top_p: float = setting(
+        0.95, lo=0.0, lo_open=True, hi=1.0, off=1.0, help="Nucleus sampling mass in (0, 1] (1 = off)."
+    )
+
+    def __post_init__(self) -> None:
+        for s in SETTINGS:
+            s.check(getattr(self, s.name))
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+def _described(f: Field[Any]) -> Setting:
+    spec = f.metadata[_KEY]
+    kind = type(f.default)
+    assert kind in (int, float), f"setting {f.name}: the default's type must be int or float"
+    flag = spec["flag"] or "--" + f.name.replace("_", "-")
+    return Setting(f.name, kind, f.default, spec["range"], flag, spec["help"], spec["off"])  # type: ignore[arg-type]
+
+
+#: Every sampling setting, in `SamplingParams`'s field order (the order of the CLI options too).
+SETTINGS: tuple[Setting, ...] = tuple(_described(f) for f in fields(SamplingParams))
