@@ -37,6 +37,21 @@ def test_probs_temperature_topk_topp():
     assert greedy.tolist() == [1.0, 0, 0, 0, 0]
 
 
+def test_min_p_drops_the_tail_and_leaves_greedy_alone():
+    logits = np.log(np.array([0.5, 0.3, 0.15, 0.05])).astype(np.float32)
+    plain = SamplingParams(temperature=1.0, top_k=0, top_p=1.0)
+    assert np.count_nonzero(probs(logits, plain)) == 4
+    cut = probs(logits, SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.2))  # below 0.1 goes
+    assert cut[3] == 0.0 and cut.sum() == pytest.approx(1.0)
+    assert cut[:3] == pytest.approx(np.array([0.5, 0.3, 0.15]) / 0.95, rel=1e-5)
+    hot = probs(logits, SamplingParams(temperature=2.0, top_k=0, top_p=1.0, min_p=0.2))
+    assert np.count_nonzero(hot) == 4  # taken after the temperature: flatter, so nothing is below 0.2x
+    top = probs(logits, SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.99))
+    assert top.tolist() == [1.0, 0.0, 0.0, 0.0]  # the likeliest token always stays
+    for min_p in (0.0, 0.5, 0.99):  # greedy: the argmax whatever min-p says
+        assert probs(logits, SamplingParams(temperature=0.0, min_p=min_p)).tolist() == [1.0, 0, 0, 0]
+
+
 def test_top_prob_is_softmax_max():
     logits = np.array([0.5, 2.0, -1.0], dtype=np.float32)
     tok, p = top_prob(logits)
@@ -88,17 +103,23 @@ def test_verify_property_never_emits_zero_probability_tokens(p, q, seed):
         assert y == x
 
 
-def test_speculative_sampling_matches_target_distribution():
-    """Joint distribution of the first two tokens over many seeded runs equals the target's."""
+@pytest.mark.parametrize("min_p", [0.0, 0.3])
+def test_speculative_sampling_matches_target_distribution(min_p):
+    """Joint distribution of the first two tokens over many seeded runs equals the target's (with
+    min-p: the target's filtered distribution, which the draft's q goes through too)."""
     vocab = 4
     target = FakeModel(seed=11, n_vocab=vocab, sharpness=1.0)
     draft = FakeModel(seed=12, n_vocab=vocab, sharpness=1.0)  # deliberately different
-    params = SamplingParams(temperature=1.0, top_k=0, top_p=1.0)
+    params = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=min_p)
     prompt = [1, 2, 3]
     exact = np.zeros((vocab, vocab))
-    p1 = softmax(target.logits_after(prompt).astype(np.float64))
+    p1 = probs(target.logits_after(prompt), params)
+    if min_p == 0.0:
+        assert p1 == pytest.approx(softmax(target.logits_after(prompt).astype(np.float64)))
+    else:
+        assert 0 < np.count_nonzero(p1) < vocab  # the filter removed something here
     for a, b in itertools.product(range(vocab), repeat=2):
-        exact[a, b] = p1[a] * softmax(target.logits_after([*prompt, a]).astype(np.float64))[b]
+        exact[a, b] = p1[a] * probs(target.logits_after([*prompt, a]), params)[b]
     counts = np.zeros((vocab, vocab))
     rng = np.random.default_rng(5)
     drafter = ModelDrafter(draft, p_min=0.0)

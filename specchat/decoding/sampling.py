@@ -45,7 +45,8 @@ def top_prob(logits: np.ndarray) -> tuple[int, float]:
 
 
 def probs(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
-    """The distribution actually sampled from: softmax(logits / T) restricted by top-k then top-p.
+    """The distribution actually sampled from: softmax(logits / T) restricted by top-k, then top-p,
+    then min-p (see `support`).
 
     Returned dense (float64, len = vocab) so target and draft distributions can be compared entry by
     entry. Applied identically to p (target) and q (draft), which exact verification requires.
@@ -62,7 +63,14 @@ def probs(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
 
 def support(logits: np.ndarray, params: SamplingParams) -> tuple[np.ndarray, np.ndarray]:
     """The tokens `probs` gives a non-zero probability (temperature > 0) and those probabilities,
-    without the dense vocab-sized array: what logprobs report, computed exactly as sampling does."""
+    without the dense vocab-sized array: what logprobs report, computed exactly as sampling does.
+
+    min-p keeps the tokens at least `min_p` times as likely as the likeliest (llama.cpp's rule), and
+    comes after top-p as in llama.cpp's sampler chain: the ratio does not depend on renormalising, so
+    it is the intersection of both filters. It is taken on the tempered distribution, as top-p is
+    here (and as vLLM and transformers do); llama.cpp takes both before the temperature, which is the
+    same at temperature 1.
+    """
     n = logits.shape[0]
     if 0 < params.top_k < n:
         idx = np.argpartition(logits, n - params.top_k)[n - params.top_k :]
@@ -79,6 +87,11 @@ def support(logits: np.ndarray, params: SamplingParams) -> tuple[np.ndarray, np.
         chosen = order[:keep]
         idx, w = idx[chosen], w[chosen]
         w = w / w.sum()
+    if params.min_p > 0.0:
+        kept = w >= params.min_p * w.max()
+        if not kept.all():
+            idx, w = idx[kept], w[kept]
+            w = w / w.sum()
     return idx, w
 
 

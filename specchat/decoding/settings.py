@@ -127,6 +127,14 @@ class SamplingParams:
     top_p: float = setting(
         0.95, lo=0.0, lo_open=True, hi=1.0, off=1.0, help="Nucleus sampling mass in (0, 1] (1 = off)."
     )
+    min_p: float = setting(
+        0.0,
+        lo=0.0,
+        hi=1.0,
+        hi_open=True,
+        off=0.0,
+        help="Drop tokens less likely than this fraction of the likeliest one, in [0, 1) (0 = off).",
+    )
 
     def __post_init__(self) -> None:
         for s in SETTINGS:
