@@ -62,6 +62,7 @@ def test_equal_logits_list_the_lower_id_first_as_greedy_picks_it():
         SamplingParams(temperature=0.7, top_k=40, top_p=0.95),
         SamplingParams(temperature=1.3, top_k=0, top_p=1.0),
         SamplingParams(temperature=1.0, top_k=3, top_p=1.0),
+        SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.05),
     ],
 )
 def test_sampling_logprobs_are_of_the_distribution_sampled_from(params):

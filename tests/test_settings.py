@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 
+import httpx
 import pytest
 from typer.testing import CliRunner
 
@@ -122,3 +123,16 @@ def test_command_line_settings_reach_the_sampler(tiny_target):
         return json.loads(res.stdout)["tokens"]
 
     assert tokens("--temp", "1.5", "--top-k", "1", "--seed", "3") == tokens("--temp", "0")
+
+
+def test_request_settings_reach_the_sampler(tiny_url):
+    """min_p 0.999 leaves only the likeliest token (bar exact ties), so sampling hot gives the greedy
+    answer: the field went from the body through the worker to the sampler."""
+
+    def text(**fields: object) -> str:
+        body = {"prompt": "Once upon a time", "max_tokens": 12, "speculative": False, **fields}
+        r = httpx.post(f"{tiny_url}/completions", json=body, timeout=60)
+        assert r.status_code == 200, r.text
+        return r.json()["choices"][0]["text"]
+
+    assert text(temperature=1.5, min_p=0.999, seed=3) == text(temperature=0)
