@@ -11,7 +11,7 @@ The sampling settings (`--temp`, `--top-k`, `--top-p`, ...) are not listed here 
 needs a real parameter per option to show it in `--help` and parse it, so the decorator rewrites the
 command's signature: it replaces the one parameter `sampling: SamplingParams` by one keyword
 parameter per setting, typed, defaulted and helped from the table (Typer renders those exactly like
-a hand-written `Annotated[float, typer.Option("--top-p", help=...)] = 0.95`), and at call time folds
+a hand-written `Annotated[float, typer.Option("--top-p", help=...)] = default`), and at call time folds
 them back into one `SamplingParams`, whose own check reports a bad value as one line naming the flag.
 The alternatives were worse: Annotated aliases with defaults from the table still need a parameter and
 an argument per setting in every command (the ~13 edits issue 32 counted), and a shared Typer callback
