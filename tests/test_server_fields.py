@@ -16,7 +16,8 @@ import pytest
 from specchat.decoding.events import DrafterStats, Stats
 from specchat.decoding.logprobs import token_logprob
 from specchat.decoding.sampling import SamplingParams
-from specchat.server.api import Defaults, combined, parse_request
+from specchat.server.api import Defaults, parse_request
+from specchat.server.responses import combined
 from specchat.server.stops import TokenGate
 from specchat.server.worker import choice_seed
 

@@ -39,10 +39,11 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..decoding.events import Stats
 from ..errors import BadInput
-from . import api, prompts, tokens, toolcalls
-from .api import ApiError, Choice, Defaults, GenRequest, Kind, LogprobEntry, Reply
+from . import api, prompts, responses, tokens, toolcalls
+from .api import ApiError, Defaults, GenRequest, Kind
 from .page import HEADERS as PAGE_HEADERS
 from .page import render_page
+from .responses import Choice, LogprobEntry, Reply
 from .worker import Backend, Delta, Finished, Job, Message, Started, Worker
 
 #: How often a waiting handler checks whether its client is still there (seconds).
@@ -253,7 +254,7 @@ async def _sse(job: Job, reply: Reply, req: GenRequest) -> AsyncIterator[str]:
                     yield _event(chunk)
             final = replies[-1].final_chunk(msg.index, reason, msg.stats, totals=totals, cached=cached)
             if totals and len(replies) > 1:
-                final["usage"] = api.usage(stats, cached, req.n)
+                final["usage"] = responses.usage(stats, cached, req.n)
             yield _event(final)
             if opens and len(stats) < req.choices and len(stats) % req.n:
                 yield _event(replies[-1].chunk(index=len(stats), first=True))
@@ -269,7 +270,7 @@ async def _sse(job: Job, reply: Reply, req: GenRequest) -> AsyncIterator[str]:
     if req.include_usage and len(stats) == req.choices:
         usage_chunk = reply.usage_chunk(stats, cached)
         if len(replies) > 1:
-            usage_chunk["usage"] = api.usage(stats, cached, req.n)
+            usage_chunk["usage"] = responses.usage(stats, cached, req.n)
         yield _event(usage_chunk)
     yield "data: [DONE]\n\n"
 

@@ -17,7 +17,7 @@ from ..decoding.logprobs import token_logprob
 from ..decoding.loop import Detokenizer
 from ..decoding.model import Model
 from ..decoding.sampling import SamplingParams
-from .api import LogprobEntry, logprob_entry
+from .responses import LogprobEntry, logprob_entry
 
 #: Rows per decode: 64 x a 152k vocabulary is 39 MB of logits at a time.
 CHUNK = 64

@@ -16,7 +16,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .api import ApiError, Choice, Reply, _is_int, _kind, combined, speculative, usage
+from .api import ApiError, _is_int, _kind
+from .responses import Choice, Reply, combined, speculative, usage
 
 #: A prompt as sent: text (tokenized with the model's tokenizer) or token ids (decoded as they are).
 Prompt = str | tuple[int, ...]

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .api import Reply
+from .responses import Reply
 from .stops import Piece, take_pieces
 from .tools import ToolSpec
 

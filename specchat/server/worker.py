@@ -47,8 +47,9 @@ from ..decoding.model import Model
 from ..decoding.prompt_cache import Prepared, PromptCache
 from ..decoding.session import Engine, answer_events, follow_temperature
 from ..errors import ContextFull, SpecchatError
-from .api import ApiError, GenRequest, LogprobEntry, Progress, finish_reason, logprob_entry
+from .api import ApiError, GenRequest
 from .echo import prompt_logprobs
+from .responses import LogprobEntry, Progress, finish_reason, logprob_entry
 from .stops import Piece, StopFilter, TokenGate
 from .tokens import Tokenizer, check_ids
 from .tools import prepare
