@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 from specchat.cli.common import fail_line
 from specchat.decoding.loop import Detokenizer
 from specchat.errors import SpecchatError
-from specchat.models.registry import Registry, RegistryError, parse_registry, registry_path, resolve
+from specchat.models.registry import Registry, RegistryError, registry_path, resolve
+from specchat.models.registry_toml import parse_registry
 
 # No example database (nothing written into the checkout) and no per-example deadline (CI jitter).
 FAST = settings(max_examples=150, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
