@@ -166,6 +166,42 @@ def test_a_quick_job_runs_between_rounds_of_a_generation(tiny_engine):
     assert any(isinstance(m, Delta) for m in rest[:-1])
 
 
+def test_quick_jobs_go_before_a_waiting_generation_and_their_errors_are_the_callers(tiny_engine):
+    """Worker.call work queued beside a generation runs first (before that generation starts), and
+    an error it raises goes to its caller only: the generation then runs as usual."""
+    worker = Worker(tiny_engine, k=3)  # not started yet: everything below waits
+    req = GenRequest(kind="completion", prompt="Once", max_tokens=4, params=SamplingParams(), seed=0)
+
+    def refuse(_backend: object) -> None:
+        raise ApiError("refused", param="x")
+
+    async def scenario() -> tuple[bool, BaseException | None, object]:
+        job = Job(req, asyncio.get_running_loop())
+        worker.submit(job)
+        busy = worker.call(lambda _b: worker.status()["busy"])
+        failing = worker.call(refuse)
+        worker.start()
+        was_busy = await asyncio.wrap_future(busy)
+        error: BaseException | None = None
+        try:
+            await asyncio.wrap_future(failing)
+        except ApiError as exc:
+            error = exc
+        last = await job.out.get()
+        while not isinstance(last, Finished):
+            last = await job.out.get()
+        return was_busy, error, last
+
+    try:
+        was_busy, error, last = asyncio.run(scenario())
+    finally:
+        worker.shutdown()
+        assert worker.join(timeout=10)
+    assert was_busy is False  # ran before the queued generation began
+    assert isinstance(error, ApiError) and error.message == "refused"
+    assert isinstance(last, Finished) and last.stats.generated_tokens == 4
+
+
 def test_quick_jobs_waiting_at_shutdown_get_503(tiny_engine):
     worker = Worker(tiny_engine, k=3)  # never started: the job waits
     future = worker.call(lambda b: 1)
