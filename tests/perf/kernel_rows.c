@@ -1,0 +1,54 @@
+// The several-rows kernels of patches 0006 (repacked Q4_K) and 0007 (Q6_K) against the one-row kernels,
+// on random data that stays in cache: nanoseconds per weight block and row, and whether every row's
+// result equals the one-row kernel's bit for bit ("same"). Not a test; a kernel-level check to run after
+// changing either patch. Build against the patched libggml-cpu (the venv's, or a build of the queue):
+//   L=$(.venv/bin/python -c 'import llama_cpp, os; print(os.path.dirname(llama_cpp.__file__))')/lib
+//   gcc -O2 -march=native tests/perf/kernel_rows.c -o /tmp/kernel_rows -L$L -lggml-cpu -Wl,-rpath,$L
+//   /tmp/kernel_rows
+// W is 72 columns: four 16-column pairs and one 8-column group left over (both paths of 0006).
+#include <stdio.h>
+#include <stdlib.h>
+#include <stdint.h>
+#include <string.h>
+#include <time.h>
+#define QK_K 256
+typedef uint16_t half;
+typedef struct { uint8_t ql[QK_K/2]; uint8_t qh[QK_K/4]; int8_t scales[QK_K/16]; half d; } block_q6_K;
+typedef struct { float d; int8_t qs[QK_K]; int16_t bsums[QK_K/16]; } block_q8_K;
+typedef struct { half d[8]; half dmin[8]; uint8_t scales[96]; uint8_t qs[1024]; } block_q4_Kx8;
+void ggml_vec_dot_q6_K_q8_K(int n, float * s, size_t bs, const void * vx, size_t bx, const void * vy, size_t by, int nrc);
+void ggml_vec_dot_q6_K_q8_K_rows(int n, float * s, size_t bs, const void * vx, const void * vy, size_t by, int nrc);
+void ggml_gemv_q4_K_8x8_q8_K(int n, float * s, size_t bs, const void * vx, const void * vy, int nr, int nc);
+void ggml_gemv_q4_K_8x8_q8_K_rows(int n, float * s, size_t bs, const void * vx, const void * vy, int nr, int nc);
+static double now(void){struct timespec t; clock_gettime(CLOCK_MONOTONIC,&t); return t.tv_sec+t.tv_nsec*1e-9;}
+static void fill(void*p,size_t n){uint8_t*b=p; for(size_t i=0;i<n;i++) b[i]=(uint8_t)(rand());}
+int main(void){
+  const int n=1536, nb=n/QK_K, W=72; // 72 weight rows (Q6_K) / 72 columns (Q4_K): ~90 KB
+  block_q6_K *x6=aligned_alloc(64,sizeof(block_q6_K)*nb*W); fill(x6,sizeof(block_q6_K)*nb*W);
+  for(int i=0;i<nb*W;i++) x6[i].d=0x3c00;
+  block_q4_Kx8 *x4=aligned_alloc(64,sizeof(block_q4_Kx8)*nb*W/8); fill(x4,sizeof(block_q4_Kx8)*nb*W/8);
+  for(int i=0;i<nb*W/8;i++) for(int j=0;j<8;j++){x4[i].d[j]=0x3c00;x4[i].dmin[j]=0x3c00;}
+  block_q8_K *y=aligned_alloc(64,sizeof(block_q8_K)*nb*16); fill(y,sizeof(block_q8_K)*nb*16);
+  for(int i=0;i<nb*16;i++){y[i].d=1.0f; for(int j=0;j<16;j++){int s=0; for(int k=0;k<16;k++) s+=y[i].qs[j*16+k]; y[i].bsums[j]=s;}}
+  float out[16*72]; float ref[16*72];
+  int sizes[]={1,2,4,8,16};
+  for(int si=0;si<5;si++){int R=sizes[si];
+    // Q6_K
+    int reps=2000; double t=now();
+    for(int it=0;it<reps;it++) for(int w=0;w<W;w++) for(int r=0;r<R;r++) ggml_vec_dot_q6_K_q8_K(n,&ref[r*W+w],0,x6+w*nb,0,y+r*nb,0,1);
+    double t1=(now()-t)/reps/W/R/nb*1e9;
+    t=now();
+    for(int it=0;it<reps;it++) for(int w=0;w<W;w++) ggml_vec_dot_q6_K_q8_K_rows(n,&out[w],W,x6+w*nb,y,sizeof(block_q8_K)*nb,R);
+    double t2=(now()-t)/reps/W/R/nb*1e9;
+    int bad=memcmp(out,ref,sizeof(float)*R*W)!=0;
+    // Q4_K
+    t=now();
+    for(int it=0;it<reps;it++) for(int r=0;r<R;r++) ggml_gemv_q4_K_8x8_q8_K(n,&ref[r*W],W,x4,y+r*nb,1,W);
+    double t3=(now()-t)/reps/(W/8)/R/nb*1e9;
+    t=now();
+    for(int it=0;it<reps;it++) ggml_gemv_q4_K_8x8_q8_K_rows(n,out,W,x4,y,R,W);
+    double t4=(now()-t)/reps/(W/8)/R/nb*1e9;
+    int bad4=memcmp(out,ref,sizeof(float)*R*W)!=0;
+    printf("rows %2d  Q6_K ns/superblock/row: one-row %.2f  rows %.2f %s | Q4_Kx8 ns/block/row: gemv %.2f rows %.2f %s\n",R,t1,t2,bad?"DIFF":"same",t3,t4,bad4?"DIFF":"same");
+  }
+}
