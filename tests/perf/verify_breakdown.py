@@ -89,12 +89,10 @@ def measure(target: str, n: int, seconds: float, env: dict[str, str]) -> tuple[f
         raise SystemExit(f"N={n}: the child did not start")
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "perf.data"
-        subprocess.run(
-            ["perf", "record", "-q", "-F", "499", "-p", str(proc.pid), "-o", str(data), "--", "sleep",
-             str(max(1.0, seconds - 1.0))],
-            capture_output=True,
-            check=True,
-        )
+        sleep = str(max(1.0, seconds - 1.0))
+        argv = ["perf", "record", "-q", "-F", "499", "-p", str(proc.pid), "-o", str(data)]
+        argv += ["--", "sleep", sleep]
+        subprocess.run(argv, capture_output=True, check=True)
         ms = float(proc.stdout.readline().split()[1])
         proc.wait()
         return ms, shares(data)
