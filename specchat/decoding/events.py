@@ -3,6 +3,7 @@ change the loop's record of what happened."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING
@@ -216,3 +217,58 @@ class Done:
 
 
 Event = Token | Round | Notice | Done
+
+
+def total(stats: Sequence[Stats], *, one_prompt: bool) -> Stats:
+    """Several generations' stats added up (rates are recomputed from the sums). `one_prompt`: n
+    answers to one prompt (the server's `n`), whose prompt counts once and whose stop reason is theirs
+    when they share it, else "mixed"; otherwise turns of a conversation, whose prompts add up and
+    which have no one stop reason."""
+    if one_prompt and len(stats) == 1:
+        return stats[0]
+    drafters: dict[str, DrafterStats] = {}
+    for d in (d for s in stats for d in s.drafters):
+        o = drafters.get(d.name, DrafterStats(d.name))
+        drafters[d.name] = DrafterStats(
+            d.name, o.rounds + d.rounds, o.drafted + d.drafted, o.accepted + d.accepted, o.seconds + d.seconds
+        )
+    routes: dict[tuple[str, str | None], RouteStats] = {}
+    for r in (r for s in stats for r in s.routes):
+        o = routes.get((r.drafter, r.route), RouteStats(r.drafter, r.route))
+        routes[(r.drafter, r.route)] = RouteStats(
+            r.drafter,
+            r.route,
+            o.rounds + r.rounds,
+            o.drafted + r.drafted,
+            o.accepted + r.accepted,
+            o.rechecked + r.rechecked,
+        )
+    reasons = {s.stop_reason for s in stats}
+    return Stats(
+        prompt_tokens=stats[0].prompt_tokens if one_prompt else sum(s.prompt_tokens for s in stats),
+        prefill_tokens=sum(s.prefill_tokens for s in stats),
+        generated_tokens=sum(s.generated_tokens for s in stats),
+        prefill_seconds=sum(s.prefill_seconds for s in stats),
+        decode_seconds=sum(s.decode_seconds for s in stats),
+        drafted=sum(s.drafted for s in stats),
+        accepted=sum(s.accepted for s in stats),
+        target_passes=sum(s.target_passes for s in stats),
+        stop_reason=(reasons.pop() if len(reasons) == 1 else "mixed") if one_prompt else "",
+        accepted_by_position=_add(s.accepted_by_position for s in stats),
+        drafted_by_position=_add(s.drafted_by_position for s in stats),
+        drafters=tuple(drafters.values()),
+        k_history=tuple(k for s in stats for k in s.k_history),
+        rechecked=sum(s.rechecked for s in stats),
+        routes=tuple(routes.values()),
+        repaired=sum(s.repaired for s in stats),
+    )
+
+
+def _add(rows: Iterable[tuple[int, ...]]) -> tuple[int, ...]:
+    """Element-wise sum of per-position counts of different lengths."""
+    out: list[int] = []
+    for row in rows:
+        out.extend([0] * (len(row) - len(out)))
+        for i, v in enumerate(row):
+            out[i] += v
+    return tuple(out)

@@ -27,7 +27,7 @@ import numpy as np
 from ..errors import BadInput, ContextFull
 from .constraint import Constraint
 from .drafters import Drafter, default_p_min
-from .events import Done, Event, Stats, Token
+from .events import Done, Event, Stats, Token, total
 from .loop import Planner, Settings, Tally, generate
 from .model import Model
 from .sampling import SamplingParams
@@ -483,18 +483,7 @@ class ChatSession:
         """All turns of the session added up (rates recomputed from the sums)."""
         if not self.records:
             return None
-        s = [r.stats for r in self.records]
-        return Stats(
-            prompt_tokens=sum(x.prompt_tokens for x in s),
-            prefill_tokens=sum(x.prefill_tokens for x in s),
-            generated_tokens=sum(x.generated_tokens for x in s),
-            prefill_seconds=sum(x.prefill_seconds for x in s),
-            decode_seconds=sum(x.decode_seconds for x in s),
-            drafted=sum(x.drafted for x in s),
-            accepted=sum(x.accepted for x in s),
-            target_passes=sum(x.target_passes for x in s),
-            stop_reason="",
-        )
+        return total([r.stats for r in self.records], one_prompt=False)
 
     def to_markdown(self) -> str:
         lines = ["# specchat chat", ""]

@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..decoding.events import DrafterStats, RouteStats, Stats
+from ..decoding.events import Stats, total
 from ..decoding.logprobs import TokenLogprob
 from .stops import Piece
 
@@ -235,54 +235,7 @@ def speculative(stats: Stats) -> dict[str, object]:
 def combined(stats: Sequence[Stats]) -> Stats:
     """The totals of a request's answers (n > 1): counts and seconds add up over one prompt; the stop
     reason is theirs when they share it, else "mixed"."""
-    if len(stats) == 1:
-        return stats[0]
-    drafters: dict[str, DrafterStats] = {}
-    for d in (d for s in stats for d in s.drafters):
-        o = drafters.get(d.name, DrafterStats(d.name))
-        drafters[d.name] = DrafterStats(
-            d.name, o.rounds + d.rounds, o.drafted + d.drafted, o.accepted + d.accepted, o.seconds + d.seconds
-        )
-    routes: dict[tuple[str, str | None], RouteStats] = {}
-    for r in (r for s in stats for r in s.routes):
-        o = routes.get((r.drafter, r.route), RouteStats(r.drafter, r.route))
-        routes[(r.drafter, r.route)] = RouteStats(
-            r.drafter,
-            r.route,
-            o.rounds + r.rounds,
-            o.drafted + r.drafted,
-            o.accepted + r.accepted,
-            o.rechecked + r.rechecked,
-        )
-    reasons = {s.stop_reason for s in stats}
-    return Stats(
-        prompt_tokens=stats[0].prompt_tokens,
-        prefill_tokens=sum(s.prefill_tokens for s in stats),
-        generated_tokens=sum(s.generated_tokens for s in stats),
-        prefill_seconds=sum(s.prefill_seconds for s in stats),
-        decode_seconds=sum(s.decode_seconds for s in stats),
-        drafted=sum(s.drafted for s in stats),
-        accepted=sum(s.accepted for s in stats),
-        target_passes=sum(s.target_passes for s in stats),
-        stop_reason=reasons.pop() if len(reasons) == 1 else "mixed",
-        accepted_by_position=_add(s.accepted_by_position for s in stats),
-        drafted_by_position=_add(s.drafted_by_position for s in stats),
-        drafters=tuple(drafters.values()),
-        k_history=tuple(k for s in stats for k in s.k_history),
-        rechecked=sum(s.rechecked for s in stats),
-        routes=tuple(routes.values()),
-        repaired=sum(s.repaired for s in stats),
-    )
-
-
-def _add(rows: Iterable[tuple[int, ...]]) -> tuple[int, ...]:
-    """Element-wise sum of per-position counts of different lengths."""
-    out: list[int] = []
-    for row in rows:
-        out.extend([0] * (len(row) - len(out)))
-        for i, v in enumerate(row):
-            out[i] += v
-    return tuple(out)
+    return total(stats, one_prompt=True)
 
 
 def chat_logprobs(entries: Sequence[LogprobEntry]) -> list[dict[str, object]]:
