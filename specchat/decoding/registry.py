@@ -43,6 +43,9 @@ class ModelFree:
 MODEL_FREE: Mapping[str, ModelFree] = MappingProxyType(
     {
         NGRAM: ModelFree(NGRAM, "drafters:NgramDrafter", "prompt lookup: copies what the context repeats"),
+        "answers": ModelFree(
+            "answers", "answers:AnswersDrafter", "earlier answers: drafts where an answer repeats one"
+        ),
     }
 )
 
