@@ -185,3 +185,10 @@ def test_a_server_drafts_a_repeated_request_from_its_earlier_answer(tiny_target)
     assert first["drafted"] == 0
     assert again["generated_tokens"] == first["generated_tokens"]
     assert again["accepted"] >= 0.6 * again["generated_tokens"]
+
+
+def test_an_export_says_the_answers_drafter_is_left_out(tiny_target):
+    for fmt in ("llama-server", "vllm"):
+        res = runner.invoke(app, ["bench", str(tiny_target), "--draft", "answers", "--export", fmt])
+        assert res.exit_code == 0, res.output
+        assert "left out: answers" in res.stderr

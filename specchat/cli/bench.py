@@ -396,6 +396,9 @@ def _print_export(fmt: str, opts: Options, drafts: tuple[str, ...], *, err: Cons
             threads=opts.threads,
         )
         notes.append("for vLLM's equivalent (--speculative-config), use --export vllm")
+    own = [d for d in drafts if is_model_free(d) and d != NGRAM]  # model-free, with no counterpart there
+    if own:
+        notes.append(f"left out: {', '.join(own)} (specchat's own model-free drafters, no equivalent there)")
     print(shlex.join(argv))
     for note in notes:
         err.print(f"[dim]note: {escape(note)}[/]", highlight=False, soft_wrap=True)
