@@ -20,6 +20,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from ..decoding.settings import CTX_SIZE
 from ..errors import BadInput
 from ..llama.reference import find_program
 from .bench_report import render_report
@@ -124,7 +125,7 @@ def bench(
         ),
     ] = None,
     p_min: PMinOpt = None,
-    ctx_size: CtxOpt = 4096,
+    ctx_size: CtxOpt = CTX_SIZE,
     gpu_layers: GpuOpt = None,
     draft_gpu_layers: DraftGpuOpt = None,
     threads: ThreadsOpt = None,

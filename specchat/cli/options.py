@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 import typer
 
 from ..decoding.registry import NGRAM, described, is_model_free
-from ..decoding.settings import SETTINGS, SamplingParams, SettingError
+from ..decoding.settings import CTX_SIZE, MAX_TOKENS, SETTINGS, SamplingParams, SettingError
 from ..errors import BadInput
 from .common import check_range
 
@@ -214,8 +214,8 @@ class Options:
     p_min: float | None = None
     params: SamplingParams = field(default_factory=SamplingParams)  # checked when it was built
     seed: int | None = None
-    max_tokens: int = 256
-    ctx_size: int = 4096
+    max_tokens: int = MAX_TOKENS
+    ctx_size: int = CTX_SIZE
     gpu_layers: int | None = None
     draft_gpu_layers: int | None = None
     threads: int | None = None
