@@ -128,7 +128,7 @@ def test_the_bounds_hold_oldest_out_first():
     d = AnswersDrafter(max_answers=3, max_stored=1000)
     prompts = [[1000 * i + j for j in range(3)] for i in range(1, 6)]
     replies = [[1000 * i + 100 + j for j in range(20)] for i in range(1, 6)]
-    for p, r in zip(prompts, replies):
+    for p, r in zip(prompts, replies, strict=True):
         remember(d, p, r)
         assert d.answers <= 3
     assert d.answers == 3
@@ -137,7 +137,7 @@ def test_the_bounds_hold_oldest_out_first():
     assert d.propose(prompts[4], 4, G, RNG).tokens == replies[4][:4]
 
     d = AnswersDrafter(max_stored=50)  # 3 prompt + 20 answer tokens each: two fit
-    for p, r in zip(prompts, replies):
+    for p, r in zip(prompts, replies, strict=True):
         remember(d, p, r)
         assert d.stored <= 50
     assert d.answers == 2 and d.propose(prompts[2], 4, G, RNG).tokens == []
