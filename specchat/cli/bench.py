@@ -20,6 +20,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from ..decoding.settings import CTX_SIZE
 from ..errors import BadInput
 from ..llama.reference import find_program
 from .bench_report import render_report
@@ -124,7 +125,7 @@ def bench(
         ),
     ] = None,
     p_min: PMinOpt = None,
-    ctx_size: CtxOpt = 4096,
+    ctx_size: CtxOpt = CTX_SIZE,
     gpu_layers: GpuOpt = None,
     draft_gpu_layers: DraftGpuOpt = None,
     threads: ThreadsOpt = None,
@@ -396,6 +397,9 @@ def _print_export(fmt: str, opts: Options, drafts: tuple[str, ...], *, err: Cons
             threads=opts.threads,
         )
         notes.append("for vLLM's equivalent (--speculative-config), use --export vllm")
+    own = [d for d in drafts if is_model_free(d) and d != NGRAM]  # model-free, with no counterpart there
+    if own:
+        notes.append(f"left out: {', '.join(own)} (specchat's own model-free drafters, no equivalent there)")
     print(shlex.join(argv))
     for note in notes:
         err.print(f"[dim]note: {escape(note)}[/]", highlight=False, soft_wrap=True)

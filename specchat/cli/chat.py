@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from ..decoding.settings import SamplingParams
+from ..decoding.settings import CTX_SIZE, SamplingParams
 from .common import guarded
 from .options import (
     DEFAULT_SAMPLING,
@@ -49,7 +49,7 @@ def chat(
     max_tokens: Annotated[
         int, typer.Option("--max-tokens", "-n", help="Stop each answer after this many tokens.")
     ] = 512,
-    ctx_size: CtxOpt = 4096,
+    ctx_size: CtxOpt = CTX_SIZE,
     gpu_layers: GpuOpt = None,
     draft_gpu_layers: DraftGpuOpt = None,
     threads: ThreadsOpt = None,

@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from specchat.cli.common import guarded
+from specchat.decoding.settings import CTX_SIZE
 from specchat.errors import BadInput
 from specchat.models import hub
 from specchat.models.cache import cached_path
@@ -94,7 +95,7 @@ def pull_command(
     source: SourceOpt = Source.auto,
     force: ForceOpt = False,
     offline: OfflineOpt = False,
-    ctx_size: CtxOpt = 4096,
+    ctx_size: CtxOpt = CTX_SIZE,
 ) -> None:
     """Download models into the local cache and print their paths, one per line, last.
 

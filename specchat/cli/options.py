@@ -17,8 +17,8 @@ The alternatives were worse: Annotated aliases with defaults from the table stil
 an argument per setting in every command (the ~13 edits issue 32 counted), and a shared Typer callback
 cannot carry options for `run`, `chat` and `serve` alike.
 
-Nothing heavy is imported at module level (`decoding.settings` is standard library only), so
-`specchat --help` stays instant.
+Nothing heavy is imported at module level (`decoding.settings` and `decoding.registry` are standard
+library only), so `specchat --help` stays instant.
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 
-from ..decoding.settings import SETTINGS, SamplingParams, SettingError
+from ..decoding.registry import NGRAM, described, is_model_free
+from ..decoding.settings import CTX_SIZE, MAX_TOKENS, SETTINGS, SamplingParams, SettingError
 from ..errors import BadInput
 from .common import check_range
 
@@ -54,7 +55,7 @@ DraftOpt = Annotated[
     typer.Option(
         "--draft",
         "-d",
-        help="Draft model (same forms as TARGET), or `ngram` for model-free prompt lookup. "
+        help=f"Draft model (same forms as TARGET), or a model-free drafter: {described()}. "
         "Repeat to give several. Default: the target's recommended draft model and `ngram` (routed "
         "per round by the cost model), or `ngram` alone for a target outside the registry.",
     ),
@@ -189,7 +190,6 @@ def default_drafts(target: str) -> tuple[str, ...]:
     registry gets n-gram lookup alone. The one place that decides it, for every command. hf: and
     ORG/REPO:QUANT targets that are in the registry count too, since `resolve` finds their alias.
     """
-    from ..decoding.registry import NGRAM
     from ..models.registry import load_registry, resolve
 
     reg = load_registry()
@@ -214,8 +214,8 @@ class Options:
     p_min: float | None = None
     params: SamplingParams = field(default_factory=SamplingParams)  # checked when it was built
     seed: int | None = None
-    max_tokens: int = 256
-    ctx_size: int = 4096
+    max_tokens: int = MAX_TOKENS
+    ctx_size: int = CTX_SIZE
     gpu_layers: int | None = None
     draft_gpu_layers: int | None = None
     threads: int | None = None
@@ -250,8 +250,6 @@ class Options:
         if self.drafts:
             return tuple(dict.fromkeys(self.drafts))  # a drafter given twice is loaded once
         chosen = default_drafts(self.target)
-        from ..decoding.registry import is_model_free
-
         models = [d for d in chosen if not is_model_free(d)]
         if models and announce is not None:  # a draft model the user did not name: say which
             announce(

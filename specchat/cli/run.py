@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from ..decoding.settings import SamplingParams
+from ..decoding.settings import CTX_SIZE, MAX_TOKENS, SamplingParams
 from ..errors import BadInput
 from .common import EXIT_INTERRUPTED, err_console, guarded, load_models, out_console
 from .options import (
@@ -56,8 +56,8 @@ def run(
     p_min: PMinOpt = None,
     sampling: SamplingParams = DEFAULT_SAMPLING,  # one option per setting (sampling_options)
     seed: SeedOpt = None,
-    max_tokens: MaxTokOpt = 256,
-    ctx_size: CtxOpt = 4096,
+    max_tokens: MaxTokOpt = MAX_TOKENS,
+    ctx_size: CtxOpt = CTX_SIZE,
     gpu_layers: GpuOpt = None,
     draft_gpu_layers: DraftGpuOpt = None,
     threads: ThreadsOpt = None,

@@ -21,7 +21,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from ..decoding.settings import SamplingParams
+from ..decoding.settings import CTX_SIZE, SamplingParams
 from ..errors import BadInput
 from .common import check_range, err_console, guarded, load_models
 from .options import (
@@ -78,7 +78,7 @@ def serve(
             show_default=False,
         ),
     ] = None,
-    ctx_size: CtxOpt = 4096,
+    ctx_size: CtxOpt = CTX_SIZE,
     gpu_layers: GpuOpt = None,
     draft_gpu_layers: DraftGpuOpt = None,
     threads: ThreadsOpt = None,

@@ -212,6 +212,13 @@ MATCH_ROUTES: tuple[int, ...] = (2, 4, 8, 16)
 MATCH_HORIZON = 32
 
 
+def match_route(length: int) -> str:
+    """The route of a match of `length` tokens (at least MATCH_ROUTES[0]): its length class, which
+    the planner keeps acceptance for. Shared by the drafters that look up earlier text, so their
+    routes have the same names as the priors measured for them (NGRAM_ROUTE_PRIORS)."""
+    return f"match {max(r for r in MATCH_ROUTES if r <= length)}+"
+
+
 #: While the copy follower holds only a guess after an edit (copying.py), a fresh lookup takes over
 #: only with a match at least this long
 RESYNC_OVER = 4
@@ -347,8 +354,7 @@ class NgramDrafter:
             return None
         if length < MATCH_ROUTES[0]:
             return "resync"
-        lo = max(r for r in MATCH_ROUTES if r <= length)
-        return f"match {lo}+"
+        return match_route(length)
 
     def propose(
         self,

@@ -31,6 +31,7 @@ from .events import Done, DrafterStats, Event, Notice, Round, RouteStats, Source
 from .logprobs import TokenLogprob, token_logprob
 from .model import Model, common_prefix_len, sync_cache
 from .sampling import SamplingParams, align, greedy, greedy_gap, probs, sample, verify
+from .settings import MAX_TOKENS
 
 
 class Planner(Protocol):
@@ -87,7 +88,7 @@ class Settings:
     Backends round batched and one-token evaluation differently (calibration.tie_margin measures how
     much), so without it a near-tie could go the other way than in the target's own decoding."""
 
-    max_tokens: int = 256
+    max_tokens: int = MAX_TOKENS
     params: SamplingParams = field(default_factory=SamplingParams)
     tie_margin: float = 0.0
     #: verify batches of up to this many rows are bit-identical to one-token decoding (measured:

@@ -31,7 +31,7 @@ from .events import Done, Event, Stats, Token, total
 from .loop import Planner, Settings, Tally, generate
 from .model import Model
 from .sampling import SamplingParams
-from .settings import SettingError
+from .settings import MAX_TOKENS, SettingError
 
 Message = dict[str, str]
 
@@ -275,7 +275,7 @@ class ChatSession:
         draft: bool = True,
         params: SamplingParams | None = None,
         p_min: float | None = None,
-        max_tokens: int = 256,
+        max_tokens: int = MAX_TOKENS,
         seed: int | None = None,
         names: dict[str, object] | None = None,
     ) -> None:

@@ -20,9 +20,14 @@ the sampler, the drafters and the tests read `params.top_p` as a plain typed att
 at run time (`make_dataclass`) would hide its fields from readers, editors and linters. So a new
 setting is one `setting(...)` line here plus its use in `sampling.support()`; nothing else changes.
 
-Not here: `seed` and `max_tokens`. They never reach the distribution, their defaults differ by command
-(`run` 256 tokens, `chat` 512, `serve` until the context is full, the bench 128) and the API has its own
-forms of them (`max_completion_tokens`, `max_tokens` 0 with `echo`); they stay with each command.
+Not in the table: `seed` and `max_tokens`. They never reach the distribution, their defaults differ by
+command (`run` 256 tokens, `chat` 512, `serve` until the context is full, the bench 128) and the API has
+its own forms of them (`max_completion_tokens`, `max_tokens` 0 with `echo`); they stay with each command.
+Two defaults that several layers share are named below, each written once: `CTX_SIZE` (every command's
+`--ctx-size`, `cli.options.Options`, `models.loader.LoadConfig`, `llama.engine.LoadOptions`) and
+`MAX_TOKENS` (`run`'s `--max-tokens`, `Options`, `loop.Settings`, `session.ChatSession`). They live here
+because this is the lowest layer every reader may import (the CLI and the loader above, the engine
+between) and it imports nothing heavy.
 
 Imports only the standard library: the CLI builds its options from this module at start-up, and
 `specchat --help` must stay instant.
@@ -37,6 +42,12 @@ from typing import Any, TypeVar
 T = TypeVar("T", int, float)
 
 _KEY = "specchat.setting"
+
+#: The context window (prompt + output, in tokens) a model is loaded with when nothing says otherwise
+CTX_SIZE = 4096
+#: Tokens an answer may run to when nothing says otherwise (`run`'s default; not `chat`'s, `serve`'s or
+#: the bench's, which differ on purpose: see the module docstring)
+MAX_TOKENS = 256
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,6 +19,7 @@ from pathlib import Path
 import llama_cpp
 import numpy as np
 
+from ..decoding.settings import CTX_SIZE
 from ..errors import ContextFull, EngineError, ModelFileError
 
 
@@ -26,7 +27,7 @@ from ..errors import ContextFull, EngineError, ModelFileError
 class LoadOptions:
     """How to load one model. `gpu_layers=None` means all layers when the build can offload, else 0."""
 
-    n_ctx: int = 4096
+    n_ctx: int = CTX_SIZE
     gpu_layers: int | None = None
     threads: int | None = None
     #: tokens per llama_decode call, and per compute pass (llama.cpp's n_batch and n_ubatch: its

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..decoding import registry
 from ..decoding.drafters import Drafter, ModelDrafter
+from ..decoding.settings import CTX_SIZE
 from ..errors import BadInput, ContextFull, ModelFileError
 from ..llama.engine import GGML_TYPE_BF16, LlamaModel, LoadOptions, render_chat, supports_gpu_offload
 from . import hardware
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
 class LoadConfig:
     target: str
     drafts: tuple[str, ...] = ()
-    ctx_size: int = 4096
+    ctx_size: int = CTX_SIZE
     gpu_layers: int | None = None
     draft_gpu_layers: int | None = None
     threads: int | None = None
