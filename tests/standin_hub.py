@@ -6,8 +6,8 @@ X-Repo-Commit), `GET /api/models/{org}/{repo}/revision/{rev}` and `GET /api/mode
 Point huggingface_hub at it with HF_ENDPOINT. `cut_next_download_after(n)` makes the next GET send n
 bytes and drop the connection, to test resuming within one pull; `drop_network_after(n)` does the same
 and then keeps closing every connection unanswered (the network is gone) until `restore_network()`, to
-test a later pull resuming. `bytes_served` counts the file bytes sent, so tests can tell a resume from a
-restart.
+test a later pull resuming. `bytes_served` counts the file bytes sent (counted before they are written, so
+a client that has read them sees them counted), so tests can tell a resume from a restart.
 
 `isolate()` points every cache (HF_HOME, HF_HUB_CACHE, SPECCHAT_HOME) and the registry (SPECCHAT_MODELS)
 at a tmp dir and clears the variables that would change behaviour (HF_HUB_OFFLINE, HF_TOKEN). Test
@@ -211,15 +211,17 @@ class _Handler(BaseHTTPRequestHandler):
         if head:
             return
         cut = self.hub.take_cut()
+        # Counted before writing: once the client has read the bytes, a test may look at the count, and
+        # the handler thread writing first could still be between its write and its count.
         if cut is not None:
+            self.hub.served(min(cut, len(body)))
             self.wfile.write(body[:cut])
             self.wfile.flush()
-            self.hub.served(min(cut, len(body)))
             self.close_connection = True
             self.connection.shutdown(socket.SHUT_RDWR)
             return
-        self.wfile.write(body)
         self.hub.served(len(body))
+        self.wfile.write(body)
 
     def _json(self, payload: Any, *, head: bool) -> None:
         body = json.dumps(payload).encode()
