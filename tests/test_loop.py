@@ -7,9 +7,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from specchat.decoding.calibration import Costs
 from specchat.decoding.drafters import ModelDrafter
 from specchat.decoding.events import Done, Round, Source, Token
 from specchat.decoding.loop import FixedK, Settings, generate, greedy_gap
+from specchat.decoding.planner import AutoPlanner
 from specchat.decoding.sampling import SamplingParams
 
 from .fakes import DriftModel, FakeModel, NoisyBatchModel, plain_greedy
@@ -265,6 +267,32 @@ def test_a_drafter_the_planner_cannot_use_is_not_given_the_prompt():
     )
     assert isinstance(out[-1], Done)
     assert draft.decode_calls == []
+
+
+def test_a_draft_left_behind_on_a_long_prompt_costs_nothing_and_changes_nothing():
+    """-k auto, an agent's turn: a long prompt, a short answer. The draft model is not given the
+    prompt (its prefill would cost more than it could save), drafts nothing, and the answer is
+    the target's own; a short prompt has it prefilled and drafting as before."""
+    target, draft = FakeModel(n_vocab=16), FakeModel(n_vocab=16)
+    v = [0.01 * (1 + 0.05 * i) for i in range(9)]
+    costs = Costs(list(v), [0.1 * v[0]], catch_up=[0.5 * v[0]])
+    planner = AutoPlanner(costs, [(3.0, 2.0)], learn_costs=False)  # fakes run in microseconds
+    long_prompt = [int(t) for t in np.random.default_rng(1).integers(0, 16, 400)]
+    drafter = ModelDrafter(draft, p_min=0.0)
+    reference = FakeModel(n_vocab=16)
+
+    def answer(prompt: list[int], n: int) -> list:
+        events = list(
+            generate(target, prompt, drafters=[drafter], planner=planner, settings=Settings(max_tokens=n))
+        )
+        assert [e.id for e in events if isinstance(e, Token)] == plain_greedy(reference, prompt, n)
+        return events
+
+    events = answer(long_prompt, 8)
+    assert draft.decode_calls == []
+    assert all(r.drafter is None for r in events if isinstance(r, Round))
+    events = answer(PROMPT, 40)
+    assert draft.decode_calls and any(r.drafter is not None for r in events if isinstance(r, Round))
 
 
 def test_batches_within_the_exact_size_need_no_margin():

@@ -508,7 +508,53 @@ def test_a_dear_draft_on_this_cpu_stays_idle():
     planner = AutoPlanner(Costs(list(CPU_V), [0.6 * CPU_V[0]]), [(3.0, 2.0)], rng=np.random.default_rng(5))
     rounds = simulate_draft_model(planner, CPU_V, 0.99, 100)
     assert all(which is None for which, _ in rounds)
-    assert not planner.may_use(0)
+    assert planner.begin_answer([0], 256) == [False]
+
+
+def test_an_agents_long_prompt_leaves_a_dear_draft_behind_and_a_chat_turn_does_not():
+    """Default pair on a 2-core CPU: catching the draft up costs ~0.15 of a target token per token.
+    2,700 prompt tokens (an aider turn) would cost more than the draft saves in an answer; the
+    few new tokens of a chat turn are always worth it (the draft stays able to draft)."""
+    v0 = CPU_V[0]
+    planner = AutoPlanner(Costs(list(CPU_V), [0.3 * v0], catch_up=[0.15 * v0]), [(3.0, 2.0)])
+    assert planner.begin_answer([2700], 256) == [False]
+    assert planner.begin_answer([20], 256) == [True]
+    assert planner.begin_answer([0], 256) == [True]
+
+
+def test_a_cheap_draft_for_a_dear_target_is_given_even_a_long_prompt():
+    v0 = BIG_V[0]  # the 70B-with-a-1B regime: prefill of the draft ~0.005 of a target token
+    planner = AutoPlanner(Costs(list(BIG_V), [0.05 * v0], catch_up=[0.005 * v0]), [(3.0, 2.0)])
+    assert planner.begin_answer([2700], 256) == [True]
+    model_free = AutoPlanner(Costs(list(BIG_V), [0.0], catch_up=[0.0]), [(3.0, 2.0)])
+    assert model_free.begin_answer([0], 256) == [True]  # n-grams: nothing to prefill
+
+
+def test_short_answers_seen_make_a_long_prefill_not_worth_it():
+    """The expected saving counts the answer's likely length: its limit, or what recent answers ran."""
+    v0 = BIG_V[0]
+    planner = AutoPlanner(Costs(list(BIG_V), [0.1 * v0], catch_up=[0.05 * v0]), [(3.0, 2.0)])
+    assert planner.begin_answer([400], 256) == [True]  # costs 20 tokens' time, saves ~23
+    assert planner.begin_answer([400], 4) == [False]  # a 4-token limit saves too little
+    for _ in range(8):  # eight answers of 10 tokens each
+        planner.begin_answer([0], 256)
+        planner.observe(Round(None, 0, 0, 0, 10, v0), None)
+    assert planner.begin_answer([400], 256) == [False]
+    assert planner.answer_tokens < 30
+
+
+def test_a_timed_prefill_replaces_the_calibrated_catch_up_price():
+    v0 = BIG_V[0]
+    planner = AutoPlanner(Costs(list(BIG_V), [0.1 * v0], catch_up=[0.2 * v0]), [(3.0, 2.0)])
+    assert planner.begin_answer([600], 256) == [False]  # priced at 0.2 of a token per token
+    planner.observe_prefill(0, 1000, 1000 * 0.02 * v0)  # a long prompt ran at 0.02
+    assert planner.prefill_cost[0] == pytest.approx(0.02 * v0)
+    assert planner.begin_answer([600], 256) == [True]
+    planner.observe_prefill(0, 10, 10.0)  # too short a sample to learn from
+    assert planner.prefill_cost[0] == pytest.approx(0.02 * v0)
+    seeded = AutoPlanner(Costs(list(BIG_V), [0.1 * v0], catch_up=[0.2 * v0]), [(3.0, 2.0)], learn_costs=False)
+    seeded.observe_prefill(0, 1000, 1000 * 0.02 * v0)  # a seeded request's choices never follow timing
+    assert seeded.prefill_cost[0] == pytest.approx(0.2 * v0)
 
 
 def test_acceptance_estimates_forget_the_prior_and_reach_the_measured_rate():

@@ -48,9 +48,16 @@ class Planner(Protocol):
 
     def observe(self, rnd: Round, drafter: int | None) -> None: ...
 
-    def may_use(self, drafter: int) -> bool:
-        """Whether drafter i can be chosen at all; one that cannot is not even given the prompt to
-        prefill (on a CPU where a draft model never pays, that saves a third of the prefill time)."""
+    def begin_answer(self, lags: Sequence[int], max_new: int) -> list[bool]:
+        """An answer starts; per drafter, whether to give it the prompt now (`lags[i]`: tokens it
+        must process first, `max_new`: the answer's token limit). One that never pays, or whose
+        prefill would cost more than it is expected to save over the answer, is left behind: on a
+        CPU where a draft model never pays that saves a third of the prefill, and for an agent's
+        2,700-token prompt and 30-90-token answers the draft's prefill cost more than it saved."""
+        ...
+
+    def observe_prefill(self, drafter: int, tokens: int, seconds: float) -> None:
+        """Drafter i processed `tokens` of prompt in `seconds` (priced into the next begin_answer)."""
         ...
 
     def draft_budget(self, drafter: int) -> DraftBudget | None:
@@ -74,8 +81,11 @@ class FixedK:
     def observe(self, rnd: Round, drafter: int | None) -> None:
         return None
 
-    def may_use(self, drafter: int) -> bool:
-        return drafter == 0 and self.k > 0
+    def begin_answer(self, lags: Sequence[int], max_new: int) -> list[bool]:
+        return [i == 0 and self.k > 0 for i in range(len(lags))]  # -k N: the user chose to draft
+
+    def observe_prefill(self, drafter: int, tokens: int, seconds: float) -> None:
+        return None
 
     def draft_budget(self, drafter: int) -> DraftBudget | None:
         return None  # -k N drafts N unless the drafter's own confidence cut-off (p_min) stops it
@@ -241,9 +251,14 @@ def generate(
     stop = "interrupted"
     try:
         sync_cache(target, prompt[:-1], logits_row_last=False)
+        lags = [d.lag(prompt[:-1]) for d in drafters]
+        chosen = planner.begin_answer(lags, settings.max_tokens)
         for i, d in enumerate(drafters):  # drafts process the prompt now, not billed to decoding
-            if planner.may_use(i):
+            if chosen[i]:
+                t_prep = time.perf_counter()
                 d.prepare(prompt[:-1])
+                if lags[i] > 0:
+                    planner.observe_prefill(i, lags[i], time.perf_counter() - t_prep)
         t_decode = time.perf_counter()
         tally.prefill_seconds = t_decode - t0
         while True:

@@ -31,6 +31,7 @@ import numpy as np
 from .calibration import K_MAX, Costs, calibrate
 from .drafters import DraftBudget, Drafter
 from .events import Round, Stats
+from .settings import MAX_TOKENS
 
 DECAY = 0.97  # per observed round: ~33 rounds of memory
 #: exploration: how many posterior standard deviations one unit of the round's normal draw moves
@@ -69,6 +70,15 @@ FLOOR_MAX = 0.9
 CONFIDENCE_BINS = 10
 CONFIDENCE_PRIOR = 2.0
 CONFIDENCE_DECAY = 0.98
+#: tokens an answer is expected to run before any has been seen (the default answer limit), and the
+#: weight of each finished answer in the running estimate (agents repeat the shape of their turns)
+ANSWER_PRIOR = float(MAX_TOKENS)
+ANSWER_EMA = 0.3
+#: a draft model whose prompt prefill costs at most this many one-token times is always given the
+#: prompt (a chat turn's few new tokens): cheap enough to keep it able to draft and be learned
+CHEAP_PREFILL = 16.0
+#: prompts shorter than this say little about a model's prefill speed per token
+PREFILL_SAMPLE = 64
 
 
 @dataclass(slots=True)
@@ -284,6 +294,13 @@ class AutoPlanner:
         self._planned_k = 0  # the k the expected speed was computed for (last_choice may cap higher)
         #: per drafter, acceptance by draft confidence (only drafters that report one fill theirs)
         self.confidence = [_ConfidenceCurve() for _ in self.priors]
+        #: tokens an answer runs (running estimate), and the count of the one under way
+        self.answer_tokens = ANSWER_PRIOR
+        self._generated, self._answer_open = 0, False
+        #: per drafter, seconds per token of processing a prompt (calibration's catching-up cost
+        #: until a prefill has been timed)
+        self.prefill_cost = list(costs.catch_up) + [0.0] * (len(self.priors) - len(costs.catch_up))
+        self._prefill_seen = [False] * len(self.prefill_cost)
 
     def acceptance(self, drafter: int, route: str | None) -> _Acceptance:
         """The decayed acceptance counts of one drafter on one route (created from its prior)."""
@@ -347,8 +364,56 @@ class AutoPlanner:
         lag = lags[drafter] if drafter < len(lags) else 0
         return lag * (self.costs.catch_up[drafter] if drafter < len(self.costs.catch_up) else 0.0)
 
-    def may_use(self, drafter: int) -> bool:
-        return self.can_pay(drafter)
+    def begin_answer(self, lags: Sequence[int], max_new: int) -> list[bool]:
+        """Give a drafter the prompt when it can pay at all and, for a draft model with prompt to
+        catch up on, when what it is expected to save over the answer covers that prefill.
+
+        Expected saving: the answer's expected length (its limit, or less where recent answers were
+        shorter) times the time per token the drafter alone saves at its learned acceptance (vs
+        plain decoding: generous to it where n-grams would have done the work anyway). On an agent's
+        2,700-token prompt with 30-90-token answers (aider, default pair, this CPU) the draft's
+        prefill cost a quarter of the wall time and earned a few seconds; a short chat prompt, or a
+        cheap draft for a dear target (a 1B draft, a 70B target), is prepared as before. A drafter
+        left behind is not chosen this answer either (plan() prices catching up)."""
+        if self._answer_open:
+            self.answer_tokens += ANSWER_EMA * (self._generated - self.answer_tokens)
+        self._answer_open, self._generated = True, 0
+        full = self._verify_curve(self.k_max)
+        expected = min(float(max_new), self.answer_tokens)
+        out = []
+        for i, lag in enumerate(lags):
+            if not self.can_pay(i, full):
+                out.append(False)
+                continue
+            cost = lag * self.prefill_cost[i] if i < len(self.prefill_cost) else 0.0
+            out.append(cost <= CHEAP_PREFILL * full[0] or cost <= expected * self._saving(i, full))
+        return out
+
+    def _saving(self, drafter: int, v: list[float]) -> float:
+        """Seconds per answer token drafter i saves over plain decoding at its best learned route."""
+        learned = [acc for (d, _), acc in self.acc.items() if d == drafter]
+        fastest = 1.0 / v[0]
+        for acc in learned or [_Acceptance(*self.priors[drafter])]:
+            rates = acc.rates(self.k_max, None)
+            _, speed = best_k(
+                rates,
+                v,
+                self.costs.draft[drafter],
+                tie=self.tie_rate,
+                exact_n=self.costs.exact_n,
+                drift_cost=self.drift_cost,
+            )
+            fastest = max(fastest, speed)
+        return v[0] - 1.0 / fastest
+
+    def observe_prefill(self, drafter: int, tokens: int, seconds: float) -> None:
+        # calibration prices catching up from a 16-token batch; a prompt's long batches run faster
+        if not self.learn_costs or tokens < PREFILL_SAMPLE or drafter >= len(self.prefill_cost):
+            return
+        per = seconds / tokens
+        first = not self._prefill_seen[drafter]
+        self.prefill_cost[drafter] += (1.0 if first else EMA) * (per - self.prefill_cost[drafter])
+        self._prefill_seen[drafter] = True
 
     def explain(self, names: Sequence[str]) -> str | None:
         """Why auto mode is not drafting at all, when no drafter could ever pay on this hardware."""
@@ -420,6 +485,7 @@ class AutoPlanner:
         return DraftBudget(floor=floor, chance=self.confidence[drafter].chances())
 
     def observe(self, rnd: Round, drafter: int | None) -> None:
+        self._generated += rnd.emitted
         proposed = rnd.drafted if rnd.proposed is None else rnd.proposed
         n = proposed + 1  # the verify batch: a rejection early in it does not make it cheaper
         verify_s = rnd.seconds - rnd.draft_seconds

@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 import httpx
@@ -18,13 +20,20 @@ def free_port() -> int:
 
 
 def start_server(target: str, args: list[str], port: int) -> subprocess.Popen[str]:
-    """`specchat serve TARGET ARGS --port PORT`, returned once /health answers (exits if it dies)."""
+    """`specchat serve TARGET ARGS --port PORT`, returned once /health answers (exits if it dies).
+
+    Its log (a line per request: prefill, cached tokens, drafting) goes to a file, named on stdout,
+    rather than a pipe nobody reads, which a long run would fill until the server blocked."""
     cmd = [sys.executable, "-m", "specchat", "serve", target, *args, "--port", str(port)]
-    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    fd, log = tempfile.mkstemp(prefix=f"specchat-serve-{port}-", suffix=".log")
+    with os.fdopen(fd, "w") as sink:
+        proc = subprocess.Popen(cmd, stderr=sink, stdout=subprocess.DEVNULL, text=True)
+    print(f"serve {' '.join(args)}: log in {log}", flush=True)
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            sys.exit(f"serve {' '.join(args)} exited: {proc.stderr.read() if proc.stderr else ''}")
+            with open(log) as text:
+                sys.exit(f"serve {' '.join(args)} exited: {text.read()}")
         try:
             if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
                 return proc

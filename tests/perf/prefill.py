@@ -3,8 +3,10 @@ own llama-bench on the same file, interleaved, as a ratio.
 
 Not a test (pytest does not collect it): the measurement behind issue 28's prefill figure. Each
 round times specchat decoding N tokens into an empty cache (no logits, as generate's prefill does,
-in n_batch chunks), then runs `llama-bench -p N -n 0 -fa 1` (its default cache types, threads and
-batch sizes), so a machine that speeds up or slows down moves both columns alike.
+in n_batch chunks) and runs `llama-bench -p N -n 0 -fa 1` (its default cache types, threads and
+batch sizes), one right after the other and in turn first (a VM that speeds up or slows down within
+a round favours neither side over the rounds); the ratio reported is the median of the rounds' own
+ratios, each taken from two runs a few seconds apart.
 
 Usage: python tests/perf/prefill.py TARGET LLAMA_BENCH [--sizes 512,2048] [--rounds 3]
 """
@@ -59,14 +61,22 @@ def main() -> None:
     theirs: dict[int, list[float]] = {n: [] for n in sizes}
     for r in range(args.rounds):
         for n in sizes:
-            ours[n].append(specchat_prefill(model, n, r))
-            theirs[n].append(llama_bench(args.llama_bench, args.target, n))
+            if r % 2 == 0:
+                ours[n].append(specchat_prefill(model, n, r))
+                theirs[n].append(llama_bench(args.llama_bench, args.target, n))
+            else:
+                theirs[n].append(llama_bench(args.llama_bench, args.target, n))
+                ours[n].append(specchat_prefill(model, n, r))
             a, b = ours[n][-1], theirs[n][-1]
-            print(f"round {r + 1} pp{n}: specchat {a:.1f} tok/s, llama-bench {b:.1f} tok/s")
+            print(f"round {r + 1} pp{n}: specchat {a:.1f} tok/s, llama-bench {b:.1f} tok/s ({a / b:.2f}x)")
     loaded.close()
     for n in sizes:
         a, b = statistics.median(ours[n]), statistics.median(theirs[n])
-        print(f"pp{n}: specchat {a:.1f}, llama-bench {b:.1f} tok/s: {a / b:.2f}x (medians of {args.rounds})")
+        ratio = statistics.median(x / y for x, y in zip(ours[n], theirs[n], strict=True))
+        print(
+            f"pp{n}: specchat {a:.1f}, llama-bench {b:.1f} tok/s (medians); "
+            f"median of the rounds' ratios {ratio:.2f}x ({args.rounds} rounds)"
+        )
 
 
 if __name__ == "__main__":
