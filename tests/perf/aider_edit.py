@@ -5,6 +5,8 @@ assistant, `pip install aider-chat` in a venv of its own) is asked to rename a f
 hints in tests/perf/aider/inventory.py (50 lines), with the diff edit format, once per round on each
 server, interleaved; every server is started first and idles while another works. Each run gets a
 fresh copy of the file; the wall time is aider's whole process (its start-up is the same for all).
+With --cold every run gets a server started for it (nothing cached from the round before: the
+first edit of a session, which is what a user waits for), started before aider's clock starts.
 
 Usage: python tests/perf/aider_edit.py TARGET DRAFT AIDER_BIN [--llama-server BIN] [--rounds R]
 """
@@ -47,6 +49,24 @@ def run_aider(aider: str, port: int, workdir: Path) -> tuple[float, bool]:
     return wall, src.read_text() != (HERE / "aider" / "inventory.py").read_text()
 
 
+SPECCHAT = {"default": ["--draft", "{draft}", "--draft", "ngram"], "no-draft": ["--no-draft"]}
+LLAMA = {"llama ngram-mod": ["--spec-type", "ngram-mod"], "llama plain": []}
+
+
+def start(name: str, args: argparse.Namespace) -> tuple[int, subprocess.Popen[str]]:
+    """A server for one configuration, on a port of its own, once it answers."""
+    port = free_port()
+    if name in SPECCHAT:
+        extra = [a.replace("{draft}", args.draft) for a in SPECCHAT[name]]
+        return port, start_server(args.target, [*extra, "--ctx-size", "8192"], port)
+    return port, start_llama_server(args.llama_server, args.target, port, LLAMA[name])
+
+
+def stop(proc: subprocess.Popen[str]) -> None:
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("target")
@@ -55,33 +75,30 @@ def main() -> None:
     ap.add_argument("--llama-server")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--configs", default="default,no-draft,llama ngram-mod,llama plain")
+    ap.add_argument("--cold", action="store_true", help="a server started for every run")
     args = ap.parse_args()
-    wanted = args.configs.split(",")
+    wanted = [n for n in args.configs.split(",") if n in SPECCHAT or args.llama_server]
     servers: dict[str, tuple[int, subprocess.Popen[str]]] = {}
-    specchat = {"default": ["--draft", args.draft, "--draft", "ngram"], "no-draft": ["--no-draft"]}
-    llama = {"llama ngram-mod": ["--spec-type", "ngram-mod"], "llama plain": []}
-    for name in wanted:
-        port = free_port()
-        if name in specchat:
-            servers[name] = (port, start_server(args.target, [*specchat[name], "--ctx-size", "8192"], port))
-        elif args.llama_server:
-            servers[name] = (port, start_llama_server(args.llama_server, args.target, port, llama[name]))
-    walls: dict[str, list[float]] = {name: [] for name in servers}
-    edited: dict[str, list[bool]] = {name: [] for name in servers}
+    if not args.cold:
+        servers = {name: start(name, args) for name in wanted}
+    walls: dict[str, list[float]] = {name: [] for name in wanted}
+    edited: dict[str, list[bool]] = {name: [] for name in wanted}
     try:
         for r in range(args.rounds):
-            for name, (port, _) in servers.items():
+            for name in wanted:
+                port, proc = servers[name] if not args.cold else start(name, args)
                 with tempfile.TemporaryDirectory(prefix="aider-edit-") as tmp:
                     wall, ok = run_aider(args.aider, port, Path(tmp))
+                if args.cold:
+                    stop(proc)
                 walls[name].append(wall)
                 edited[name].append(ok)
                 print(f"round {r + 1} {name}: {wall:.1f} s, file changed: {ok}", flush=True)
     finally:
         for _, proc in servers.values():
-            proc.terminate()
-            proc.wait(timeout=30)
+            stop(proc)
     base = statistics.median(walls["default"]) if "default" in walls else None
-    for name in servers:
+    for name in wanted:
         med = statistics.median(walls[name])
         rel = f", specchat default / this {base / med:.2f}x" if base else ""
         print(
