@@ -301,6 +301,8 @@ class AutoPlanner:
         #: until a prefill has been timed)
         self.prefill_cost = list(costs.catch_up) + [0.0] * (len(self.priors) - len(costs.catch_up))
         self._prefill_seen = [False] * len(self.prefill_cost)
+        #: (drafter, tokens behind) of the draft models the last answer left without the prompt
+        self.left_behind: list[tuple[int, int]] = []
 
     def acceptance(self, drafter: int, route: str | None) -> _Acceptance:
         """The decayed acceptance counts of one drafter on one route (created from its prior)."""
@@ -381,12 +383,15 @@ class AutoPlanner:
         full = self._verify_curve(self.k_max)
         expected = min(float(max_new), self.answer_tokens)
         out = []
+        self.left_behind = []
         for i, lag in enumerate(lags):
             if not self.can_pay(i, full):
                 out.append(False)
                 continue
             cost = lag * self.prefill_cost[i] if i < len(self.prefill_cost) else 0.0
             out.append(cost <= CHEAP_PREFILL * full[0] or cost <= expected * self._saving(i, full))
+            if not out[-1]:
+                self.left_behind.append((i, lag))
         return out
 
     def _saving(self, drafter: int, v: list[float]) -> float:
@@ -416,9 +421,17 @@ class AutoPlanner:
         self._prefill_seen[drafter] = True
 
     def explain(self, names: Sequence[str]) -> str | None:
-        """Why auto mode is not drafting at all, when no drafter could ever pay on this hardware."""
+        """Why auto mode is not drafting at all, when no drafter could ever pay on this hardware, or
+        why the last answer left a draft model without the prompt."""
         if any(self.can_pay(i) for i in range(len(self.priors))):
-            return None
+            if not self.left_behind:
+                return None
+            which = ", ".join(f"{names[i]}" for i, _ in self.left_behind if i < len(names))
+            behind = max(lag for _, lag in self.left_behind)
+            return (
+                f"-k auto: {which} was not given the {behind}-token prompt: prefilling it would cost "
+                "more than it was expected to save in this answer; -k N forces drafting"
+            )
         v1, v4 = self.costs.v(1), self.costs.v(4)
         return (
             f"-k auto: drafting with {', '.join(names)} cannot beat plain decoding on this hardware "
