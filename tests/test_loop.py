@@ -366,8 +366,8 @@ def test_round_time_excludes_what_the_consumer_does_with_the_tokens():
     for ev in generate(target, PROMPT, drafters=[ModelDrafter(draft, p_min=0.0)], planner=FixedK(4),
                        settings=Settings(max_tokens=20)):  # fmt: skip
         if isinstance(ev, Token):
-            time.sleep(0.01)  # the consumer's work
+            time.sleep(0.05)  # the consumer's work: a round that counted it would take this at least
         elif isinstance(ev, Round):
             rounds.append(ev)
-    assert rounds and all(r.seconds < 0.01 for r in rounds)
+    assert rounds and all(r.seconds < 0.05 for r in rounds)  # fake rounds take ~1 ms; a busy CI, more
     assert max(r.emitted for r in rounds) > 1
