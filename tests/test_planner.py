@@ -519,7 +519,11 @@ def test_an_agents_long_prompt_leaves_a_dear_draft_behind_and_a_chat_turn_does_n
     planner = AutoPlanner(Costs(list(CPU_V), [0.3 * v0], catch_up=[0.15 * v0]), [(3.0, 2.0)])
     assert planner.begin_answer([2700], 256) == [False]
     note = planner.explain(["draft-0.5b"])
-    assert note is not None and "draft-0.5b was not given the 2700-token prompt" in note and "-k N forces drafting" in note
+    assert (
+        note is not None
+        and "draft-0.5b was not given the 2700-token prompt" in note
+        and "-k N forces drafting" in note
+    )
     assert planner.begin_answer([20], 256) == [True]
     assert planner.explain(["draft-0.5b"]) is None
     assert planner.begin_answer([0], 256) == [True]

@@ -180,7 +180,7 @@ class AnswersDrafter:
         return int(cand[-1]), length  # positions ascend with recency: the last is the newest
 
     def route(self, context: Sequence[int]) -> str | None:
-        if self._start is None:  # not prepared (the planner may not use it): the prompt is `context`
+        if self._start is None:  # not given the prompt (Planner.begin_answer): the prompt is `context`
             self._start = len(context)
         end, length = self.match(context)
         return match_route(length) if end is not None else None

@@ -257,8 +257,7 @@ def generate(
             if chosen[i]:
                 t_prep = time.perf_counter()
                 d.prepare(prompt[:-1])
-                if lags[i] > 0:
-                    planner.observe_prefill(i, lags[i], time.perf_counter() - t_prep)
+                planner.observe_prefill(i, lags[i], time.perf_counter() - t_prep)
         t_decode = time.perf_counter()
         tally.prefill_seconds = t_decode - t0
         while True:

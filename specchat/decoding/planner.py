@@ -426,7 +426,7 @@ class AutoPlanner:
         if any(self.can_pay(i) for i in range(len(self.priors))):
             if not self.left_behind:
                 return None
-            which = ", ".join(f"{names[i]}" for i, _ in self.left_behind if i < len(names))
+            which = ", ".join(names[i] for i, _ in self.left_behind if i < len(names))
             behind = max(lag for _, lag in self.left_behind)
             return (
                 f"-k auto: {which} was not given the {behind}-token prompt: prefilling it would cost "

@@ -49,7 +49,7 @@ def run_aider(aider: str, port: int, workdir: Path) -> tuple[float, bool]:
     return wall, src.read_text() != (HERE / "aider" / "inventory.py").read_text()
 
 
-SPECCHAT = {"default": ["--draft", "{draft}", "--draft", "ngram"], "no-draft": ["--no-draft"]}
+SPECCHAT = ("default", "no-draft")
 LLAMA = {"llama ngram-mod": ["--spec-type", "ngram-mod"], "llama plain": []}
 
 
@@ -57,7 +57,7 @@ def start(name: str, args: argparse.Namespace) -> tuple[int, subprocess.Popen[st
     """A server for one configuration, on a port of its own, once it answers."""
     port = free_port()
     if name in SPECCHAT:
-        extra = [a.replace("{draft}", args.draft) for a in SPECCHAT[name]]
+        extra = ["--draft", args.draft, "--draft", "ngram"] if name == "default" else ["--no-draft"]
         return port, start_server(args.target, [*extra, "--ctx-size", "8192"], port)
     return port, start_llama_server(args.llama_server, args.target, port, LLAMA[name])
 
