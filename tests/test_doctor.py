@@ -185,3 +185,20 @@ def test_dir_usage_counts_each_file_once_and_stops_at_the_limit(tmp_path):
     for i in range(10):
         (tmp_path / f"f{i}").write_bytes(b"y")
     assert doctor.dir_usage(tmp_path, limit=5)["complete"] is False
+
+
+def test_a_gpu_build_without_a_device_says_so(monkeypatch):
+    """A CUDA build on a machine whose driver is missing or too old registers no CUDA device and runs
+    on the CPU (checked on a real CUDA build with the toolkit's driver stub: tests/perf/device/
+    cuda_smoke.sh); doctor names the build and says where to look, not just "CPU only"."""
+    from specchat.llama import engine
+
+    monkeypatch.setattr(
+        engine,
+        "backend_info",
+        lambda: {"llama_cpp_python": "x", "gpu_offload": False, "mmap": True, "system_info": CUDA_INFO},
+    )
+    facts = doctor.llama_cpp_facts()
+    assert facts["gpu_offload"] is False
+    assert facts["gpu_backend"].startswith("none: this CUDA build found no usable device")
+    assert facts["gpu_backend"].endswith("CPU only")

@@ -191,6 +191,10 @@ def llama_cpp_facts() -> dict[str, Any]:
     offload = bool(info.get("gpu_offload"))
     if offload:
         label = ", ".join(dict.fromkeys(gpus)) or "yes (backend not named by llama.cpp)"
+    elif gpus:
+        # a CUDA/Metal/... build whose backend registered no device: no driver, no GPU, or a driver
+        # older than the build's runtime (llama.cpp says which on stderr at load); it runs on the CPU
+        label = f"none: this {', '.join(dict.fromkeys(gpus))} build found no usable device (check the driver); CPU only"
     else:
         label = "CPU only"
     return {
