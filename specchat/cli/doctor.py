@@ -194,7 +194,8 @@ def llama_cpp_facts() -> dict[str, Any]:
     elif gpus:
         # a CUDA/Metal/... build whose backend registered no device: no driver, no GPU, or a driver
         # older than the build's runtime (llama.cpp says which on stderr at load); it runs on the CPU
-        label = f"none: this {', '.join(dict.fromkeys(gpus))} build found no usable device (check the driver); CPU only"
+        names = ", ".join(dict.fromkeys(gpus))
+        label = f"none: this {names} build found no usable device (check the driver); CPU only"
     else:
         label = "CPU only"
     return {
