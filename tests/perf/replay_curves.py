@@ -8,7 +8,10 @@ does, so a recorded answer can be replayed under any machine's curve. Curves com
   batch size n to tokens/second at that batch (pp_n, or pp512 at microbatch n), so V(n) = n / t/s;
   or `relative` maps n to V(n)/V(1) with `v1_seconds`. The draft's cost is `draft_throughput` (its
   one-token speed on the same machine) or `draft_ratio` (a list: one curve per value, when a source
-  gave no figure and the cost is bracketed instead).
+  gave no figure and the cost is bracketed instead). Optional, in a curve measured by specchat's
+  own calibration (tests/perf/device/run_device.py writes one): `catch_up_ratio` (the draft's
+  catch-up per token as a share of its one-token cost), `tie_margin` and `exact_n` (that backend's
+  greedy tie margin and bit-exact batch size, used for its replay instead of the recorded target's).
 * the verify curves this machine's calibration cached (`$SPECCHAT_HOME/calibration.json`), measured,
   with the draft cost docs/performance.md measured for the default pair on this CPU.
 
@@ -41,12 +44,16 @@ class Curve:
     draft: float
     catch_up: float
     source: str
+    #: the greedy tie margin and bit-exact batch size measured with this curve (None: the replay's own)
+    margin: float | None = None
+    exact_n: int | None = None
 
     def shape(self) -> str:
         """V(2), V(4), V(8), V(16) as multiples of one token, and the draft's cost likewise."""
         v = self.verify
         sizes = ", ".join(f"V({n}) {v[n - 1] / v[0]:.2f}" for n in (2, 4, 8, 16))
-        return f"{sizes}; draft {self.draft / v[0]:.2f}"
+        own = "" if self.exact_n is None else f"; exact <= {self.exact_n}, margin {self.margin or 0.0:.3g}"
+        return f"{sizes}; draft {self.draft / v[0]:.2f}{own}"
 
 
 def extend(points: dict[int, float], n_max: int = K_MAX + 1) -> list[float]:
@@ -88,10 +95,19 @@ def from_file(path: Path) -> list[Curve]:
         ratios = [float(r) for r in doc["draft_ratio"]]
         labels = [f", draft {r:g}x (assumed)" if len(ratios) > 1 else "" for r in ratios]
     src = "; ".join(doc["sources"])
-    return [
-        Curve(doc["name"] + lab, verify, r * verify[0], r * verify[0] * catch_up_share(verify), src)
-        for r, lab in zip(ratios, labels, strict=True)
-    ]
+    margin = float(doc["tie_margin"]) if "tie_margin" in doc else None
+    exact_n = int(doc["exact_n"]) if "exact_n" in doc else None
+    out = []
+    share = float(doc["catch_up_ratio"]) if "catch_up_ratio" in doc else catch_up_share(verify)
+    for r, lab in zip(ratios, labels, strict=True):
+        d = r * verify[0]
+        out.append(Curve(doc["name"] + lab, verify, d, d * share, src, margin, exact_n))
+    return out
+
+
+def from_paths(paths: list[Path]) -> list[Curve]:
+    """The curves of some data files, a folder standing for every *.json in it (file-name order)."""
+    return [c for p in paths for f in (sorted(p.glob("*.json")) if p.is_dir() else [p]) for c in from_file(f)]
 
 
 def catch_up_share(verify: list[float]) -> float:
@@ -106,10 +122,11 @@ def published() -> list[Curve]:
     return [c for p in sorted(CURVES_DIR.glob("*.json")) for c in from_file(p)]
 
 
-def measured_cpu(own: list[float] | None = None) -> list[Curve]:
-    """This machine's calibrated verify curves (the own one first, then the others cached)."""
+def measured_cpu(own: list[float] | None = None, *, cached: bool = True) -> list[Curve]:
+    """This machine's calibrated verify curves (the own one first, then the others cached, unless
+    `cached` is off: then the own one alone, as a replay cache recorded it)."""
     curves: list[list[float]] = [own] if own else []
-    cal = store.read_json(store.home() / "calibration.json")
+    cal = store.read_json(store.home() / "calibration.json") if cached else {}
     for k, v in sorted(cal.items()):
         if k.startswith("verify:") and isinstance(v, list) and len(v) == K_MAX + 1 and v not in curves:
             curves.append(v)

@@ -17,14 +17,17 @@ measured ones) and per answer, simulated speed-ups over plain decoding for:
 llama.cpp's draft-simple is replayed through the same loop as a fixed draft length with its p-min
 cut-off, its batches trusted without a tie margin (the most favourable reading of it). The "best"
 settings are chosen knowing every answer, so they are bounds for a fixed setting, not settings a
-user could know in advance. Cells are geometric means over a prompt set.
+user could know in advance. Cells are geometric means over a prompt set. A curve that carries its own
+tie margin and exact batch size (one measured by tests/perf/device/run_device.py) replays with them.
 """
 
 from __future__ import annotations
 
 import math
+import multiprocessing
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
 from replay_curves import Curve
@@ -95,6 +98,71 @@ class Replayer:
         return len(output) * (curve.verify[0] + ROUND_OVERHEAD) / best
 
 
+def evaluate_case(
+    case: Case, trace: DraftTrace, curve: Curve, margin: float, exact_n: int, *, seeds: int
+) -> dict[str, float]:
+    """{policy: speed-up} for one answer under one curve; fixed settings keyed 'spec k3 draft',
+    'llama n3 p0.5'. A curve measured with its own tie margin and exact batch size replays with them."""
+    if curve.exact_n is not None:
+        margin, exact_n = curve.margin or 0.0, curve.exact_n
+    r = Replayer(case, trace, margin, exact_n)
+    res: dict[str, float] = {"auto": statistics.fmean(r.auto(curve, s) for s in range(seeds))}
+    for k in FIXED_K:
+        res[f"spec k{k} draft"] = r.run(curve, FixedK(k), [r.draft(curve, SPECCHAT_P_MIN), NgramDrafter()])
+        res[f"spec k{k} ngram"] = r.run(curve, FixedK(k), [NgramDrafter()])
+        for pm in LLAMA_P_MIN:
+            res[f"llama n{k} p{pm:g}"] = r.run(curve, FixedK(k), [r.draft(curve, pm)], margin=False)
+    res["bound"] = r.bound(curve, case[0], case[1])
+    res["per answer"] = max(v for k, v in res.items() if k.startswith(("spec ", "llama ")))
+    return res
+
+
+#: what forked workers read (set before the pool starts: nothing big is pickled per task)
+_SHARED: tuple[dict[str, Case], dict[str, DraftTrace], list[Curve], float, int, int] | None = None
+
+
+def _evaluate_shared(task: tuple[int, str]) -> tuple[int, str, dict[str, float]]:
+    assert _SHARED is not None
+    cases, traces, curves, margin, exact_n, seeds = _SHARED
+    i, name = task
+    return i, name, evaluate_case(cases[name], traces[name], curves[i], margin, exact_n, seeds=seeds)
+
+
+def evaluate_all(
+    cases: dict[str, Case],
+    traces: dict[str, DraftTrace],
+    curves: list[Curve],
+    margin: float,
+    exact_n: int,
+    *,
+    seeds: int,
+    jobs: int = 1,
+) -> Iterator[dict[str, dict[str, float]]]:
+    """{policy: {answer: speed-up}} per curve, in order, as each is done; `jobs` > 1 replays the
+    answers in that many forked processes (each replay is single-threaded Python)."""
+
+    def collect(done: Iterable[tuple[int, str, dict[str, float]]]) -> dict[str, dict[str, float]]:
+        res: dict[str, dict[str, float]] = {}
+        for _i, name, per in sorted(done, key=lambda d: list(cases).index(d[1])):
+            for policy, value in per.items():
+                res.setdefault(policy, {})[name] = value
+        return res
+
+    if jobs <= 1 or len(cases) < 2 or "fork" not in multiprocessing.get_all_start_methods():
+        for curve in curves:
+            yield collect((0, n, evaluate_case(c, traces[n], curve, margin, exact_n, seeds=seeds))
+                          for n, c in cases.items())  # fmt: skip
+        return
+    global _SHARED
+    _SHARED = (cases, traces, curves, margin, exact_n, seeds)
+    try:
+        with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("fork")) as pool:
+            for i in range(len(curves)):
+                yield collect(pool.map(_evaluate_shared, [(i, n) for n in cases]))
+    finally:
+        _SHARED = None
+
+
 def evaluate(
     cases: dict[str, Case],
     traces: dict[str, DraftTrace],
@@ -104,23 +172,8 @@ def evaluate(
     *,
     seeds: int,
 ) -> dict[str, dict[str, float]]:
-    """{policy: {answer: speed-up}} for one curve; fixed settings keyed 'spec k3 draft', 'llama n3 p0.5'."""
-    res: dict[str, dict[str, float]] = {}
-    for name, case in cases.items():
-        r = Replayer(case, traces[name], margin, exact_n)
-
-        def put(policy: str, value: float, name: str = name) -> None:
-            res.setdefault(policy, {})[name] = value
-
-        put("auto", statistics.fmean(r.auto(curve, s) for s in range(seeds)))
-        for k in FIXED_K:
-            put(f"spec k{k} draft", r.run(curve, FixedK(k), [r.draft(curve, SPECCHAT_P_MIN), NgramDrafter()]))
-            put(f"spec k{k} ngram", r.run(curve, FixedK(k), [NgramDrafter()]))
-            for pm in LLAMA_P_MIN:
-                put(f"llama n{k} p{pm:g}", r.run(curve, FixedK(k), [r.draft(curve, pm)], margin=False))
-        put("bound", r.bound(curve, case[0], case[1]))
-        put("per answer", max(v[name] for k, v in res.items() if k.startswith(("spec ", "llama "))))
-    return res
+    """{policy: {answer: speed-up}} for one curve (evaluate_case over every answer)."""
+    return next(evaluate_all(cases, traces, [curve], margin, exact_n, seeds=seeds))
 
 
 def best_of(res: dict[str, dict[str, float]], prefix: str) -> str:
@@ -138,13 +191,14 @@ def report(
     exact_n: int,
     *,
     seeds: int,
-) -> None:
-    """Print one markdown table (a row per curve) and per-set detail under it."""
+    jobs: int = 1,
+) -> str:
+    """Print one markdown table (a row per curve) and per-set detail under it; return the table."""
     head = ("| curve | shape | auto | best fixed k (specchat) | llama.cpp default (n3 p0) | "
             "llama.cpp best fixed | best fixed per answer | hindsight | auto / hindsight |")  # fmt: skip
     rows, detail = [head, "|" + "---|" * 9], []
-    for curve in curves:
-        res = evaluate(cases, traces, curve, margin, exact_n, seeds=seeds)
+    for curve, res in zip(curves, evaluate_all(cases, traces, curves, margin, exact_n, seeds=seeds,
+                                                jobs=jobs), strict=True):  # fmt: skip
         spec, llama = best_of(res, "spec "), best_of(res, "llama ")
 
         def g(policy: str, names: Sequence[str], res: dict[str, dict[str, float]] = res) -> float:
@@ -180,3 +234,4 @@ def report(
         print(rows[-1], flush=True)
     print("\n" + "\n".join(rows))
     print("\nper prompt set (geomeans; per answer: auto / bound):\n" + "\n".join(detail))
+    return "\n".join(rows)
