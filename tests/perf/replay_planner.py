@@ -10,6 +10,8 @@ README's "replayed offline" figures come from this script.
 Usage:
   python tests/perf/replay_planner.py TARGET.gguf RESULTS.json... [--prompts FILE...] [--seeds 6]
                                      [--curves own|all] [--oracle] [--draft DRAFT.gguf --hardware]
+                                     [--cache FILE [--gaps]] [--curve FILE|DIR... [--curve-only]]
+  python tests/perf/replay_planner.py --cache FILE [--hardware] [--curve FILE|DIR...] ...
 RESULTS.json is what `tests/perf/vs_llama_cpp.py --json --prompts FILE` writes (it holds each prompt's
 plain output); FILE defaults to tests/perf/copy_prompts.jsonl (heldout_prompts.jsonl is a second set).
 Several RESULTS files take one --prompts file each, in the same order.
@@ -27,15 +29,24 @@ different days, and a policy change should win under both shapes, not only one.
 every round chosen knowing the answer (dynamic programming over positions), with the tie margin
 stopping rounds exactly as it does live. No planner can beat it with this drafter and curve, so it
 says how much of a gap is the planner's and how much the hardware's.
+
+`--cache FILE` keeps every answer's passes (and the prompt sets); given alone, without TARGET and
+RESULTS, it replays from them with no model file at all (tests/perf/recorded/replay-cache.json.gz
+is one, see tests/perf/recorded/README.md). `--curve FILE|DIR` adds cost curves in the format of
+tests/perf/curves/ (tests/perf/device/ measures one on a lent GPU); `--curve-only` replays them alone.
+`--gaps` records the real top-2 gaps even on a build whose every verify batch is exact, so the cache
+also replays hardware whose batches are not (a curve that carries its own tie margin).
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import math
 import statistics
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -115,10 +126,59 @@ def chatml(messages: list[dict[str, str]]) -> str:
     return render(messages)
 
 
+def read_cache(path: Path) -> dict:  # type: ignore[type-arg]
+    """A replay cache (--cache), plain or gzipped JSON."""
+    raw = path.read_bytes()
+    return json.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)  # type: ignore[no-any-return]
+
+
+def write_cache(path: Path, saved: dict) -> None:  # type: ignore[type-arg]
+    text = json.dumps(saved).encode()
+    path.write_bytes(gzip.compress(text, mtime=0) if path.suffix == ".gz" else text)
+
+
+@dataclass(slots=True)
+class Recorded:
+    """Everything a replay reads from a cache that holds every answer's passes: each answer's prompt,
+    output and top-2 gaps, the draft model's teacher-forced trace, which prompt set and category each
+    answer belongs to, and the recording target's tie margin, exact batch size and verify curve."""
+
+    cases: dict[str, tuple[list[int], list[int], list[float]]]
+    traces: dict[str, DraftTrace]
+    sets: dict[str, list[str]]
+    categories: dict[str, str]
+    margin: float
+    exact_n: int
+    curve: list[float]
+    real_gaps: bool
+
+
+def load_recorded(path: Path) -> Recorded:
+    """A cache written with TARGET, RESULTS and --draft, read without them (no model is loaded)."""
+    saved = read_cache(path)
+    if "sets" not in saved or "traces" not in saved:
+        raise SystemExit(
+            f"{path} holds no prompt sets or draft passes (written before replay caches kept them, or "
+            "without --draft): write it again with TARGET, RESULTS and --draft"
+        )
+    cases = {n: tuple(c) for n, c in saved["cases"].items()}
+    return Recorded(
+        cases=cases,  # type: ignore[arg-type]
+        traces={n: DraftTrace(*saved["traces"][n]) for n in cases},
+        sets={k: [n for n in v if n in cases] for k, v in saved["sets"].items()},
+        categories=saved.get("categories", {}),
+        margin=float(saved["margin"]),
+        exact_n=int(saved["exact_n"]),
+        curve=list(saved["curve"]),
+        real_gaps=bool(saved.get("real_gaps", saved["exact_n"] <= K_MAX)),
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("target")
-    ap.add_argument("results", type=Path, nargs="+", help="one RESULTS.json per prompt set")
+    ap.add_argument("target", nargs="?", default=None,
+                    help="the target GGUF (without it, everything comes from --cache)")  # fmt: skip
+    ap.add_argument("results", type=Path, nargs="*", help="one RESULTS.json per prompt set")
     ap.add_argument("--prompts", type=Path, nargs="+", default=[HERE / "copy_prompts.jsonl"],
                     help="the prompt file of each RESULTS.json, in the same order")  # fmt: skip
     ap.add_argument("--seeds", type=int, default=6)
@@ -131,14 +191,62 @@ def main() -> None:
         help="every policy under every curve in curves/ and this machine's (with --draft)",
     )
     ap.add_argument("--cache", type=Path, default=None,
-                    help="keep the teacher-forced gaps (and draft passes) here and reuse them (replays in "
-                         "seconds); delete it when RESULTS, the target or the draft change")  # fmt: skip
+                    help="keep the teacher-forced gaps (and draft passes) here and reuse them (replays "
+                         "in seconds); delete it when RESULTS, the target or the draft change; .gz: "
+                         "gzipped")  # fmt: skip
+    ap.add_argument("--gaps", action="store_true",
+                    help="record every position's real top-2 gap even on a build whose verify batches are "
+                         "all exact (where they are never read), so the cache replays hardware whose "
+                         "batches are not (a curve with its own tie margin: --curve)")  # fmt: skip
+    ap.add_argument("--curve", type=Path, action="append", default=[],
+                    help="a cost curve file (tests/perf/curves/ format) or a folder of them, replayed "
+                         "too (repeatable)")  # fmt: skip
+    ap.add_argument("--curve-only", action="store_true", help="replay under the --curve curves alone")
+    ap.add_argument("--jobs", type=int, default=1, help="--hardware: replay answers in this many processes")
     args = ap.parse_args()
-    if len(args.prompts) != len(args.results):
-        ap.error("give one --prompts file per RESULTS.json")
-    if args.hardware and not args.draft:
-        ap.error("--hardware needs --draft")
+    if args.curve_only and not args.curve:
+        ap.error("--curve-only needs --curve")
+    from replay_curves import from_paths
 
+    extra = from_paths(args.curve)
+    if args.target is None:
+        if args.results or not (args.cache and args.cache.is_file()):
+            ap.error("without TARGET, give --cache FILE written by an earlier run (and no RESULTS)")
+        rec = load_recorded(args.cache)
+        cases, traces, sets = rec.cases, rec.traces, rec.sets
+        margin, exact_n, own, real_gaps = rec.margin, rec.exact_n, rec.curve, rec.real_gaps
+        prompts = {n: {"category": rec.categories.get(n)} for n in cases}
+    else:
+        if not args.results:
+            ap.error("give RESULTS.json after TARGET")
+        if len(args.prompts) != len(args.results):
+            ap.error("give one --prompts file per RESULTS.json")
+        if args.hardware and not args.draft:
+            ap.error("--hardware needs --draft")
+        cases, traces, sets, prompts, margin, exact_n, own, real_gaps = record(args)
+    if args.hardware:
+        from replay_curves import measured_cpu, published
+        from replay_hardware import report as report_hardware
+
+        curves = extra if args.curve_only else measured_cpu(own) + published() + extra
+        if not real_gaps and any(c.exact_n is not None and c.exact_n <= K_MAX for c in curves):
+            print("note: this cache holds no real top-2 gaps (recorded where every verify batch was "
+                  "exact; --gaps records them), so a curve with its own tie margin replays as if no "
+                  "position were a near-tie")  # fmt: skip
+        report_hardware(cases, traces, sets, curves, margin, exact_n, seeds=args.seeds, jobs=args.jobs)
+        return
+    curves = [] if args.curve_only else [own]
+    if args.curves == "all" and not args.curve_only:  # every other verify curve cached here, measured earlier
+        cal = store.read_json(store.home() / "calibration.json")
+        curves += [v for k, v in cal.items() if k.startswith("verify:") and isinstance(v, list)
+                   and len(v) == len(own) and v != own]  # fmt: skip
+    curves += [c.verify for c in extra]
+    report(cases, prompts, curves, margin, exact_n, seeds=args.seeds, oracle=args.oracle)
+
+
+def record(args: argparse.Namespace) -> tuple:  # type: ignore[type-arg]
+    """The recorded answers' passes: from --cache when it holds them all, else teacher-forced now
+    through the target (and the draft model), and written to --cache with the prompt sets."""
     recorded: dict = {}
     prompts: dict = {}
     sets: dict[str, list[str]] = {}
@@ -147,43 +255,39 @@ def main() -> None:
         recorded.update(found)
         sets[prompt_path.stem.removesuffix("_prompts")] = list(found)
         prompts.update({p["name"]: p for p in map(json.loads, prompt_path.read_text().splitlines()) if p})
-    saved = json.loads(args.cache.read_text()) if args.cache and args.cache.is_file() else None
-    if saved is not None and set(saved["cases"]) >= set(recorded):  # the passes of an earlier replay
+    saved = read_cache(args.cache) if args.cache and args.cache.is_file() else None
+    real = saved is not None and saved.get("real_gaps", saved["exact_n"] <= K_MAX)
+    if saved is not None and set(saved["cases"]) >= set(recorded) and (real or not args.gaps):
         cases = {n: tuple(c) for n, c in saved["cases"].items() if n in recorded}
         margin, exact_n, own = saved["margin"], saved["exact_n"], saved["curve"]
     else:
-        cases, margin, exact_n, own = teacher_force(args.target, recorded, prompts)
-        saved = {"cases": cases, "margin": margin, "exact_n": exact_n, "curve": own}
+        cases, margin, exact_n, own = teacher_force(args.target, recorded, prompts, gaps=args.gaps)
+        traces_before = saved.get("traces", {}) if saved is not None else {}
+        real = args.gaps or exact_n <= K_MAX
+        saved = {"cases": cases, "margin": margin, "exact_n": exact_n, "curve": own, "real_gaps": real,
+                 "traces": traces_before}  # fmt: skip
+    saved["sets"] = {**saved.get("sets", {}), **sets}
+    saved["categories"] = {**saved.get("categories", {}),
+                           **{n: prompts[n].get("category") for n in recorded}}  # fmt: skip
     traces: dict[str, DraftTrace] = {}
     if args.draft:
         known = saved.get("traces", {})
         missing = {n: c for n, c in cases.items() if n not in known}
         if missing:
             known.update({n: [t.right, t.conf] for n, t in teacher_force_draft(args.draft, missing).items()})
-            saved["traces"] = known
+        saved["traces"] = known
         traces = {n: DraftTrace(*known[n]) for n in cases}
     if args.cache:
-        args.cache.write_text(json.dumps(saved))
-    if args.hardware:
-        from replay_curves import measured_cpu, published
-        from replay_hardware import report as report_hardware
-
-        curves = measured_cpu(own) + published()
-        report_hardware(cases, traces, sets, curves, margin, exact_n, seeds=args.seeds)
-        return
-    curves = [own]
-    if args.curves == "all":  # every other verify curve cached on this machine, measured earlier
-        cal = store.read_json(store.home() / "calibration.json")
-        curves += [v for k, v in cal.items() if k.startswith("verify:") and isinstance(v, list)
-                   and len(v) == len(own) and v != own]  # fmt: skip
-    report(cases, prompts, curves, margin, exact_n, seeds=args.seeds, oracle=args.oracle)
+        write_cache(args.cache, saved)
+    return cases, traces, sets, prompts, margin, exact_n, own, real
 
 
 def teacher_force(
-    target: str, recorded: dict, prompts: dict
+    target: str, recorded: dict, prompts: dict, *, gaps: bool = False
 ) -> tuple[dict[str, tuple[list[int], list[int], list[float]]], float, int, list[float]]:
     """Each recorded answer's prompt, output and real top-2 gap at every position (one pass of the
-    target, teacher-forced), with the target's tie margin, exact batch size and verify curve."""
+    target, teacher-forced), with the target's tie margin, exact batch size and verify curve.
+    `gaps`: measure the gaps even where this build never reads them (every batch exact)."""
     from specchat.llama.buildcheck import build_identity, verified_exact_rows
     from specchat.llama.engine import GGML_TYPE_BF16, LlamaModel, LoadOptions, backend_info
 
@@ -200,7 +304,7 @@ def teacher_force(
         for name, runs in recorded.items():
             prompt = m.tokenize(chatml(prompts[name]["messages"]))
             output = runs["specchat plain"][0]["tokens"]
-            if exact_n > K_MAX:
+            if exact_n > K_MAX and not gaps:
                 # every verify batch is bit-exact (the patched build): no row is ever judged against
                 # the margin, so the gaps are never read and the one-token pass can be skipped
                 cases[name] = (prompt, output, [NO_TIE] * len(output))
@@ -208,10 +312,14 @@ def teacher_force(
             m.truncate(0)
             m.decode(prompt[:-1], [])
             gaps = []
-            for t in [prompt[-1], *output[:-1]]:
-                row = np.array(m.decode([t], [0])[0], copy=True)
-                top2 = np.partition(row, -2)[-2:]
-                gaps.append(float(top2[1] - top2[0]))
+            seq = [prompt[-1], *output[:-1]]
+            # batches of up to exact_n rows are bit-identical to one-token decoding on this build
+            step = max(1, min(exact_n, 64))
+            for start in range(0, len(seq), step):
+                part = seq[start : start + step]
+                rows = np.array(m.decode(part, list(range(len(part)))), copy=True)
+                top2 = np.partition(rows, -2, axis=1)[:, -2:]
+                gaps.extend(float(g) for g in top2[:, 1] - top2[:, 0])
             cases[name] = (prompt, output, gaps)
     return cases, margin, exact_n, own
 
