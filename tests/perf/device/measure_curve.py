@@ -1,0 +1,194 @@
+"""specchat's own cost calibration of a target and draft pair, written as a cost-curve file.
+
+Loads the pair as `specchat run` does (specchat/models/loader.py: the target with repacked weights,
+all layers offloaded when the build can, V in bf16 only on a CPU build without the invariance proof)
+and measures what the planner plans with (specchat/decoding/calibration.py): the tie margin and the
+bit-exact batch size (loader.load), the verify curve V(1..K_MAX+1) and the draft model's cost per
+drafted token and per caught-up token (calibrate, as planner.make_planner calls it). `curve_doc` turns
+that into the format of tests/perf/curves/*.json, which replay_curves.from_file reads.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import re
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[3]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from specchat.decoding.calibration import K_MAX, VERIFY_SIZES  # noqa: E402
+
+
+@dataclass(slots=True)
+class Measured:
+    """What calibration measured (seconds), and on what."""
+
+    verify: list[float]  # V(1..K_MAX+1)
+    draft: float  # the draft model's seconds per drafted token
+    catch_up: float  # ... per token of catching up (a 16-token batch)
+    exact_n: int
+    tie_margin: float
+    gpu_layers: int
+    system_info: str
+    devices: list[str]
+    llama_cpp_python: str
+    seconds: dict[str, float] = field(default_factory=dict)  # load / calibration wall times
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.gpu_layers != 0
+
+
+def measure_pair(
+    target: Path,
+    draft: Path,
+    *,
+    gpu_layers: int | None = None,
+    n_ctx: int | None = None,
+    threads: int | None = None,
+    say: Callable[[str], None] = print,
+) -> Measured:
+    """Load both models as the loader does and calibrate them (the cache in store.home() is used:
+    point SPECCHAT_HOME at an empty folder for a fresh measurement)."""
+    from specchat.decoding.calibration import calibrate, exact_rows, tie_margin
+    from specchat.decoding.settings import CTX_SIZE
+    from specchat.llama.buildcheck import build_identity, verified_exact_rows
+    from specchat.llama.engine import (
+        GGML_TYPE_BF16,
+        LlamaModel,
+        LoadOptions,
+        backend_info,
+        device_memory,
+        supports_gpu_offload,
+    )
+
+    n_ctx = n_ctx or CTX_SIZE
+    ident = build_identity()
+    info = backend_info()
+    on_cpu = gpu_layers == 0 or not supports_gpu_offload()
+    verified = verified_exact_rows(ident) if on_cpu else 0
+    seconds: dict[str, float] = {}
+    t = time.perf_counter()
+    opts = LoadOptions(
+        n_ctx=n_ctx,
+        gpu_layers=gpu_layers,
+        threads=threads,
+        repack=True,
+        type_v=GGML_TYPE_BF16 if on_cpu and not verified else None,
+    )
+    with LlamaModel(target, opts, name=target.name) as tm:
+        seconds["load target"] = time.perf_counter() - t
+        t = time.perf_counter()
+        with LlamaModel(
+            draft, LoadOptions(n_ctx=n_ctx, gpu_layers=gpu_layers, threads=threads), name=draft.name
+        ) as dm:
+            seconds["load draft"] = time.perf_counter() - t
+            say(
+                f"loaded {target.name} and {draft.name}: GPU layers {tm.gpu_layers} and {dm.gpu_layers} "
+                f"(-1: all), {tm.threads} threads, context {n_ctx}"
+            )
+            backend = f"{info.get('system_info', '')} build:{ident['key']}"
+            t = time.perf_counter()
+            margin = tie_margin(tm, backend=backend)
+            verified_rows = verified
+            exact_n = exact_rows(tm, backend=backend, verified=verified_rows)
+            if exact_n >= K_MAX + 1 and margin > 0.0:  # as loader.load: not exact past 512 KV cells
+                verified_rows = 0
+                exact_n = exact_rows(tm, backend=backend)
+            seconds["tie margin and exact rows"] = time.perf_counter() - t
+            t = time.perf_counter()
+            costs = calibrate(tm, [dm, None], backend=backend, verified=verified_rows)
+            seconds["calibrate"] = time.perf_counter() - t
+            gpu_layers_used = tm.gpu_layers
+    devices = [
+        f"{d.kind} {d.description or d.name} ({d.total_bytes / 2**30:.0f} GiB)" for d in device_memory()
+    ]
+    return Measured(
+        verify=list(costs.verify),
+        draft=float(costs.draft[0]),
+        catch_up=float(costs.catch_up[0]),
+        exact_n=int(exact_n),
+        tie_margin=float(margin),
+        gpu_layers=int(gpu_layers_used),
+        system_info=str(info.get("system_info", "")),
+        devices=devices,
+        llama_cpp_python=str(info.get("llama_cpp_python", "")),
+        seconds=seconds,
+        notes=list(costs.notes),
+    )
+
+
+def curve_table(m: Measured) -> str:
+    """The measured curve as text: V(n) at calibration's measured sizes, then the draft's costs."""
+    v1 = m.verify[0]
+    lines = ["   n   V(n) ms   V(n)/V(1)   ms a token"]
+    for n in VERIFY_SIZES:
+        if n <= len(m.verify):
+            v = m.verify[n - 1]
+            lines.append(f"{n:4d} {v * 1e3:9.3f} {v / v1:11.3f} {v * 1e3 / n:12.3f}")
+    lines.append(
+        f"draft: {m.draft * 1e3:.3f} ms a drafted token ({m.draft / v1:.3f} of V(1)); catching up "
+        f"{m.catch_up * 1e3:.3f} ms a token ({m.catch_up / m.draft:.3f} of a drafted one)"
+    )
+    lines.append(f"bit-exact verify batch: up to {m.exact_n} row(s); tie margin {m.tie_margin:.4g}")
+    return "\n".join(lines)
+
+
+def dump_curve(doc: dict[str, object]) -> str:
+    """JSON with one level of indentation and every list of numbers on one line."""
+
+    def one_line(m: re.Match[str]) -> str:
+        return "[" + ", ".join(x.strip() for x in m.group(1).split(",")) + "]"
+
+    return re.sub(r"\[\s+([-0-9.e+,\s]+?)\s+\]", one_line, json.dumps(doc, indent=1)) + "\n"
+
+
+def curve_doc(
+    m: Measured, *, name: str, hardware: str, target: str, draft: str, sources: list[str], notes: str = ""
+) -> dict[str, object]:
+    """A tests/perf/curves/*.json document of the measured curve (replay_curves.from_file reads it):
+    V(n)/V(1) at calibration's measured sizes (between them it interpolates linearly, as calibration
+    does), the draft's cost as draft_ratio, and what calibration measured beyond the published files
+    (catch_up_ratio, tie_margin, exact_n: the replay uses them for this curve)."""
+    v1 = m.verify[0]
+    sizes = [n for n in VERIFY_SIZES if n <= len(m.verify)]
+    return {
+        "name": name,
+        "hardware": hardware,
+        "target": target,
+        "draft": draft,
+        "relative": {str(n): round(m.verify[n - 1] / v1, 5) for n in sizes},
+        "v1_seconds": round(v1, 7),
+        "draft_ratio": [round(m.draft / v1, 5)],
+        "catch_up_ratio": round(m.catch_up / m.draft, 5),
+        "tie_margin": m.tie_margin,
+        "exact_n": m.exact_n,
+        "sources": sources,
+        "notes": notes
+        or (
+            "Measured by specchat's calibration (calibrate, tie_margin, exact_rows, as `specchat run` "
+            "calls them) on random weights: decode cost depends on the shapes and the weight type, not on "
+            "the values; the tie margin does depend on them (random logits of std ~3 here). Sizes "
+            f"between {', '.join(map(str, sizes))} interpolated linearly, as calibration does."
+        ),
+        "measured": {
+            "verify_seconds": [round(x, 7) for x in m.verify],
+            "draft_seconds": round(m.draft, 7),
+            "catch_up_seconds": round(m.catch_up, 7),
+            "gpu_layers": m.gpu_layers,
+            "devices": m.devices,
+            "llama_cpp_python": m.llama_cpp_python,
+            "system_info": m.system_info,
+            "machine": f"{platform.machine()} {platform.processor()}".strip(),
+            "wall_seconds": {k: round(v, 2) for k, v in m.seconds.items()},
+            "calibration_notes": m.notes,
+        },
+    }
