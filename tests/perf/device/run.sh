@@ -42,7 +42,7 @@ main() {
     nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv,noheader
   fi
   if compgen -G ".whl/*.whl" >/dev/null; then
-    echo "== installing into $SITE: $(cd .whl && echo *.whl)"
+    echo "== installing into $SITE: $(cd .whl && echo *.whl) ($(du -sh .whl | cut -f1))"
     "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl \
       || { echo "pip install of the carried wheels failed"; return 1; }
     export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
@@ -59,7 +59,7 @@ main() {
   local lib so
   lib=$("$PY" -c 'import importlib.util as u, os; s = u.find_spec("llama_cpp"); print(os.path.join(os.path.dirname(s.origin), "lib") if s else "")')
   echo "== llama_cpp libraries: ${lib:-none found} $(ls "$lib" 2>/dev/null | tr '\n' ' ')"
-  for so in "$lib"/libggml-cuda.so; do
+  for so in "$lib"/libggml-cuda.so*; do
     [ -e "$so" ] || continue
     echo "== ldd $(basename "$so") (CUDA libraries, and anything not found):"
     ldd "$so" | grep -E "not found|cudart|cublas|libcuda\.so"
