@@ -112,8 +112,9 @@ def main() -> int:
         )
     if not dry and gpu_layers != 0 and not supports_gpu_offload():
         say(
-            "this llama-cpp-python build cannot offload to a GPU (a CPU wheel, or its CUDA libraries were "
-            "not found: see run.sh's ldd line): stopping; --dry-run runs on the CPU"
+            "this llama-cpp-python build cannot offload to a GPU (a CPU wheel; its CUDA libraries not found: "
+            "run.sh's ldd lines; or CUDA found no device: the ggml_cuda_init line): stopping; --dry-run "
+            "runs on the CPU"
         )
         return 2
 
