@@ -142,6 +142,11 @@ def curve_table(m: Measured) -> str:
     return "\n".join(lines)
 
 
+def sig(x: float, digits: int = 6) -> float:
+    """x to `digits` significant digits (a curve file's seconds: a GPU's are milliseconds)."""
+    return float(f"{x:.{digits}g}")
+
+
 def dump_curve(doc: dict[str, object]) -> str:
     """JSON with one level of indentation and every list of numbers on one line."""
 
@@ -165,10 +170,10 @@ def curve_doc(
         "hardware": hardware,
         "target": target,
         "draft": draft,
-        "relative": {str(n): round(m.verify[n - 1] / v1, 5) for n in sizes},
-        "v1_seconds": round(v1, 7),
-        "draft_ratio": [round(m.draft / v1, 5)],
-        "catch_up_ratio": round(m.catch_up / m.draft, 5),
+        "relative": {str(n): sig(m.verify[n - 1] / v1) for n in sizes},
+        "v1_seconds": sig(v1),
+        "draft_ratio": [sig(m.draft / v1)],
+        "catch_up_ratio": sig(m.catch_up / m.draft),
         "tie_margin": m.tie_margin,
         "exact_n": m.exact_n,
         "sources": sources,
@@ -180,9 +185,9 @@ def curve_doc(
             f"between {', '.join(map(str, sizes))} interpolated linearly, as calibration does."
         ),
         "measured": {
-            "verify_seconds": [round(x, 7) for x in m.verify],
-            "draft_seconds": round(m.draft, 7),
-            "catch_up_seconds": round(m.catch_up, 7),
+            "verify_seconds": [sig(x) for x in m.verify],
+            "draft_seconds": sig(m.draft),
+            "catch_up_seconds": sig(m.catch_up),
             "gpu_layers": m.gpu_layers,
             "devices": m.devices,
             "llama_cpp_python": m.llama_cpp_python,
