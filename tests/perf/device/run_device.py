@@ -21,10 +21,12 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import atexit
 import datetime
 import os
 import platform
 import re
+import shutil
 import sys
 import tempfile
 import time
@@ -93,6 +95,7 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     # a fresh calibration cache: every figure below is measured now, none read from an earlier run
     home = Path(tempfile.mkdtemp(prefix="specchat-home-"))
+    atexit.register(shutil.rmtree, home, ignore_errors=True)
     os.environ["SPECCHAT_HOME"] = str(home)
 
     from random_gguf import PRESETS, write_random_gguf
@@ -120,6 +123,8 @@ def main() -> int:
 
     # 1. the models
     models = args.models or Path(tempfile.mkdtemp(prefix="specchat-gguf-"))
+    if args.models is None:  # gigabytes on a device: gone at exit however the run ends
+        atexit.register(shutil.rmtree, models, ignore_errors=True)
     tshape, dshape = PRESETS[target_preset], PRESETS[draft_preset]
     if tshape.vocab != dshape.vocab:
         raise SystemExit(f"{target_preset} and {draft_preset} have different vocabularies")
