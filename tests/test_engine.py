@@ -138,3 +138,30 @@ def test_the_target_loads_the_same_with_and_without_drafters(tiny_pair):
         finally:
             loaded.close()
     assert settings == [(GGML_TYPE_BF16, True)] * 2
+
+
+def test_a_build_whose_libraries_do_not_load_is_one_line_not_a_traceback(tmp_path):
+    """A CUDA build of llama-cpp-python on a machine without CUDA's libraries fails inside `import
+    llama_cpp` (seen with a real CUDA wheel and no driver: "libcublas.so.13: cannot open shared object
+    file"); every command then says so in one line with what to do."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    fake = tmp_path / "llama_cpp"
+    fake.mkdir()
+    (fake / "__init__.py").write_text(
+        "raise RuntimeError(\"Failed to load shared library '/x/lib/libllama.so': "
+        'libcublas.so.13: cannot open shared object file: No such file or directory")\n'
+    )
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{root}", "SPECCHAT_HOME": str(tmp_path / "h")}
+    res = subprocess.run(
+        [sys.executable, "-m", "specchat", "run", str(tmp_path / "x.gguf"), "-p", "hi"],
+        capture_output=True, text=True, env=env, timeout=60,
+    )  # fmt: skip
+    assert res.returncode != 0
+    assert "Traceback" not in res.stderr
+    assert "libraries do not load: libcublas.so.13" in res.stderr
+    assert "CUDA build" in res.stderr and "LD_LIBRARY_PATH" in res.stderr
