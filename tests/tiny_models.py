@@ -212,6 +212,23 @@ def gpt2_vocab(
     return tokens, [int(t) for t in types], [f"{a} {b}" for a, b in merges], ids
 
 
+def add_gpt2_tokenizer(
+    w: Any, vocab: int, *, vocab_variant: int = 0, special_variant: int = 0
+) -> tuple[list[int], dict[str, Any]]:
+    """Write the byte-level BPE tokenizer (gpt2_vocab) into a GGUFWriter `w`; its token types and ids.
+    Shared with tests/perf/device/random_gguf.py, whose real-size models use the same tokenizer."""
+    tokens, types, merges, ids = gpt2_vocab(
+        vocab, vocab_variant=vocab_variant, special_variant=special_variant
+    )
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_add_bos_token(False)
+    return types, ids
+
+
 def spm_vocab(
     vocab: int, *, vocab_variant: int = 0, special_variant: int = 0
 ) -> tuple[list[str], list[int], list[float], dict[str, Any]]:
@@ -345,15 +362,9 @@ def write_tiny_llama(
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
 
     if tokenizer == "gpt2":
-        tokens, types, merges, ids = gpt2_vocab(
-            vocab, vocab_variant=vocab_variant, special_variant=special_variant
+        types, ids = add_gpt2_tokenizer(
+            w, vocab, vocab_variant=vocab_variant, special_variant=special_variant
         )
-        w.add_tokenizer_model("gpt2")
-        w.add_tokenizer_pre("qwen2")
-        w.add_token_list(tokens)
-        w.add_token_types(types)
-        w.add_token_merges(merges)
-        w.add_add_bos_token(False)
     elif tokenizer == "llama":
         tokens, types, scores, ids = spm_vocab(
             vocab, vocab_variant=vocab_variant, special_variant=special_variant

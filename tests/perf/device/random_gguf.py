@@ -116,7 +116,7 @@ def write_random_gguf(path: str | Path, shape: Shape, *, seed: int = 0, name: st
     """Write a llama-architecture GGUF of `shape` with random Q4_0 weights; return its path."""
     import gguf
 
-    from tests.tiny_models import CHATML_TEMPLATE, gpt2_vocab
+    from tests.tiny_models import CHATML_TEMPLATE, add_gpt2_tokenizer
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -140,13 +140,7 @@ def write_random_gguf(path: str | Path, shape: Shape, *, seed: int = 0, name: st
     w.add_layer_norm_rms_eps(1e-5)
     w.add_vocab_size(shape.vocab)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_0)
-    tokens, types, merges, ids = gpt2_vocab(shape.vocab)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("qwen2")
-    w.add_token_list(tokens)
-    w.add_token_types(types)
-    w.add_token_merges(merges)
-    w.add_add_bos_token(False)
+    _, ids = add_gpt2_tokenizer(w, shape.vocab)
     w.add_bos_token_id(ids["bos"])
     w.add_eos_token_id(ids["eos"])
     w.add_eot_token_id(ids["eot"])
