@@ -596,3 +596,48 @@ def test_a_model_free_drafters_timing_does_not_make_it_a_draft_model():
     rates = planner.acceptance(0, "r").rates(8, None)
     assert (which, k) == ((0, best_k(rates, planner._verify_curve(8), 0.0)[0]) if k else (None, 0))
     assert k < best_k([1.0] * 8, planner._verify_curve(8), 0.0)[0]
+
+
+def test_a_first_draft_token_below_the_floor_is_proposed_when_its_verify_row_pays():
+    """The first token's distribution comes with the catch-up decode the round pays anyway, so it
+    costs only its verify row: between `first_floor` and `floor` it is proposed, and no decode is
+    spent looking past it. (Declined, the draft model had paid that decode for nothing: 65 of 355
+    draft rounds on scratch code under a CUDA curve with a 0.3x draft, replayed.)"""
+    from specchat.decoding.drafters import DraftBudget, ModelDrafter
+    from specchat.decoding.sampling import SamplingParams
+
+    model = FakeModel(n_vocab=16, seed=3, sharpness=0.5)  # flat logits: every token unsure
+    drafter = ModelDrafter(model, p_min=0.0)
+    ctx = [1, 2, 3]
+    rng = np.random.default_rng(0)
+    strict = DraftBudget(floor=0.9, chance=(0.5,))  # every token's chance 0.5: below the floor
+    assert drafter.propose(ctx, 8, SamplingParams(), rng, budget=strict).tokens == []
+    calls = len(model.decode_calls)
+    cheap_first = DraftBudget(floor=0.9, chance=(0.5,), first_floor=0.4)
+    out = drafter.propose(ctx, 8, SamplingParams(), rng, budget=cheap_first)
+    assert len(out.tokens) == 1 and out.confidence
+    # one decode, the catch-up that gave the first token's distribution; none for the token itself
+    assert model.decode_calls[calls:] == [(1, 1)]
+    assert DraftBudget(floor=0.3).first() == 0.3  # no first_floor: the floor itself
+
+
+def test_the_planner_prices_the_first_token_by_its_verify_row_and_keeps_such_tries_out_of_its_rates():
+    v0 = BIG_V[0]
+    planner = AutoPlanner(Costs(list(BIG_V), [0.3 * v0]), [(9.0, 1.0)], rng=np.random.default_rng(1))
+    which, _ = planner.plan(16, ["model"])
+    assert which == 0
+    budget = planner.draft_budget(0)
+    assert budget is not None and budget.first_floor is not None
+    assert budget.first_floor == pytest.approx(min(budget.floor, planner.last_speed * (BIG_V[1] - BIG_V[0])))
+    assert budget.first_floor < budget.floor  # cheaper: no draft decode in its price
+    before = list(planner.acceptance(0, "model").a), list(planner.acceptance(0, "model").b)
+    unsure = 0.05  # a confidence whose calibrated chance is below the floor: a first-token-only try
+    assert budget.accept_chance(unsure) < budget.floor
+    planner.observe(Round("d", 1, 1, 0, 1, BIG_V[1], route="model", proposed=1, confidence=(unsure,)), 0)
+    after = planner.acceptance(0, "model")
+    assert (after.a, after.b) == before  # the per-depth rates plan() chooses by are not pulled down
+    planner.plan(16, ["model"])
+    planner.draft_budget(0)
+    planner.observe(Round("d", 3, 3, 1, 2, BIG_V[3], route="model", proposed=3, confidence=(0.95,) * 3), 0)
+    counted = planner.acceptance(0, "model")
+    assert (counted.a, counted.b) != before  # an ordinary draft round is counted as before

@@ -88,3 +88,20 @@ def test_extend_interpolates_and_continues_the_upper_slope() -> None:
     v = extend({1: 1.0, 4: 2.5, 8: 3.0}, 12)
     assert v[:4] == pytest.approx([1.0, 1.5, 2.0, 2.5])
     assert v[8] == pytest.approx(3.0 + 0.5 / 4)  # V(9): the slope from 4 to 8
+
+
+def test_the_replayed_draft_stops_after_a_first_token_below_the_floor_as_model_drafter_does() -> None:
+    output = [10, 11, 12, 13]
+    trace = DraftTrace([True] * 4, [0.3, 0.9, 0.9, 0.9])
+    d = ReplayDraftModel(3, output, trace, 100, 0.0, draft=0.5, batch=[1.0, 1.2])
+    d.prepare([1, 2])
+    ctx = [1, 2, 3]
+    assert (
+        d.propose(ctx, 4, SamplingParams(), np.random.default_rng(0), budget=DraftBudget(floor=0.5)).tokens
+        == []
+    )
+    one = d.propose(
+        ctx, 4, SamplingParams(), np.random.default_rng(0), budget=DraftBudget(floor=0.5, first_floor=0.2)
+    )
+    assert one.tokens == [10]
+    assert one.seconds == pytest.approx(one.catch_up_seconds)  # no decode after it, as ModelDrafter

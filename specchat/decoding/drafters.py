@@ -46,6 +46,13 @@ class DraftBudget:
 
     floor: float = 0.0
     chance: tuple[float, ...] = ()
+    #: the floor for the first token, whose distribution comes with the catch-up decode the round pays
+    #: anyway: proposing it costs only its verify row, not a draft decode (None: `floor`). Below
+    #: `floor` but at or above this, it is proposed and the drafter looks no further.
+    first_floor: float | None = None
+
+    def first(self) -> float:
+        return self.floor if self.first_floor is None else self.first_floor
 
     def accept_chance(self, confidence: float) -> float:
         if not self.chance:
@@ -177,13 +184,18 @@ class ModelDrafter:
                 conf = float(q.max())
             if budget is not None:
                 reach *= budget.accept_chance(conf)
-            if conf < self.p_min or (budget is not None and reach < budget.floor):
+            if conf < self.p_min:
                 break
+            last = False
+            if budget is not None and reach < budget.floor:
+                if i > 0 or reach < budget.first():
+                    break
+                last = True  # the first token pays its verify row, not a decode to look past it
             out.tokens.append(tok)
             out.confidence.append(conf)
             if out.q is not None:
                 out.q.append(q)
-            if i == k - 1 or self._model.is_eog(tok):
+            if last or i == k - 1 or self._model.is_eog(tok):
                 break
             logits = self._model.decode([tok], [0])[0]
         out.seconds = time.perf_counter() - start

@@ -292,6 +292,7 @@ class AutoPlanner:
         self.last_speed = 0.0
         self._last_v: list[float] = []
         self._planned_k = 0  # the k the expected speed was computed for (last_choice may cap higher)
+        self._budget: DraftBudget | None = None  # the last draft budget handed out
         #: per drafter, acceptance by draft confidence (only drafters that report one fill theirs)
         self.confidence = [_ConfidenceCurve() for _ in self.priors]
         #: tokens an answer runs (running estimate), and the count of the one under way
@@ -495,7 +496,12 @@ class AutoPlanner:
         v = self._last_v
         per_token = self.costs.draft[drafter] + (v[k] - v[0]) / k
         floor = min(FLOOR_MAX, self.last_speed * per_token)
-        return DraftBudget(floor=floor, chance=self.confidence[drafter].chances())
+        # the first token's distribution comes with the catch-up decode the round pays anyway, so
+        # proposing it costs only its verify row (a draft model declining it had paid that decode for
+        # nothing: 65 of 355 draft rounds on scratch code under a CUDA curve with a 0.3x draft)
+        first = min(floor, self.last_speed * (v[1] - v[0])) if len(v) > 1 else floor
+        self._budget = DraftBudget(floor=floor, chance=self.confidence[drafter].chances(), first_floor=first)
+        return self._budget
 
     def observe(self, rnd: Round, drafter: int | None) -> None:
         self._generated += rnd.emitted
@@ -517,7 +523,18 @@ class AutoPlanner:
             self.drift = [self.drift[0] * 0.995 + rnd.repair_seconds, self.drift[1] * 0.995 + rnd.drifted]
         if drafter is None:
             return
-        self.acceptance(drafter, rnd.route).observe(rnd.drafted, rnd.accepted)
+        budget, self._budget = self._budget, None
+        first_only = (
+            budget is not None
+            and rnd.drafted == 1
+            and len(rnd.confidence) == 1
+            and budget.accept_chance(rnd.confidence[0]) < budget.floor
+        )
+        if not first_only:
+            # a first token proposed below the full floor (DraftBudget.first_floor) says how such
+            # tokens fare (the confidence curve learns it), not what a draft round yields: counted
+            # per depth, these cheap one-row tries pulled the rates plan() chooses a drafter by
+            self.acceptance(drafter, rnd.route).observe(rnd.drafted, rnd.accepted)
         if rnd.confidence:
             self.confidence[drafter].observe(rnd.confidence, rnd.accepted)
         drafting = rnd.draft_seconds - rnd.catch_up_seconds  # catching up is priced separately

@@ -116,12 +116,19 @@ class ReplayDraftModel:
             conf = self.trace.conf[p]
             if budget is not None:
                 reach *= budget.accept_chance(conf)
-            if conf < self.p_min or (budget is not None and reach < budget.floor):
+            if conf < self.p_min:
                 break
+            last = False
+            if budget is not None and reach < budget.floor:
+                if j > 0 or reach < budget.first():
+                    break
+                last = True  # as ModelDrafter: the first token proposed, no decode to look past it
             right = on_track and self.trace.right[p]
             out.tokens.append(self.output[p] if right else (self.output[p] + 1) % self.n_vocab)
             out.confidence.append(conf)
             on_track = right
+            if last:
+                break
         # its cache now holds the context and every draft but the last (ModelDrafter decodes those)
         self._cache = [*context, *out.tokens[:-1]]
         if lag > 0:
