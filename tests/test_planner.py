@@ -601,7 +601,7 @@ def test_a_model_free_drafters_timing_does_not_make_it_a_draft_model():
 def test_a_first_draft_token_below_the_floor_is_proposed_when_its_verify_row_pays():
     """The first token's distribution comes with the catch-up decode the round pays anyway, so it
     costs only its verify row: between `first_floor` and `floor` it is proposed, and no decode is
-    spent looking past it. (Declined, the draft model had paid that decode for nothing: 65 of 355
+    spent looking past it. (Declined, the draft model had paid that decode for nothing: 65 of 255
     draft rounds on scratch code under a CUDA curve with a 0.3x draft, replayed.)"""
     from specchat.decoding.drafters import DraftBudget, ModelDrafter
     from specchat.decoding.sampling import SamplingParams

@@ -498,7 +498,7 @@ class AutoPlanner:
         floor = min(FLOOR_MAX, self.last_speed * per_token)
         # the first token's distribution comes with the catch-up decode the round pays anyway, so
         # proposing it costs only its verify row (a draft model declining it had paid that decode for
-        # nothing: 65 of 355 draft rounds on scratch code under a CUDA curve with a 0.3x draft)
+        # nothing: 65 of 255 draft rounds on scratch code under a CUDA curve with a 0.3x draft)
         first = min(floor, self.last_speed * (v[1] - v[0])) if len(v) > 1 else floor
         self._budget = DraftBudget(floor=floor, chance=self.confidence[drafter].chances(), first_floor=first)
         return self._budget
