@@ -235,6 +235,26 @@ def test_a_disturbed_calibration_is_repeated_and_never_cached(tmp_path, monkeypa
     assert sum("timings disturbed" in n for n in costs.notes) == 3 and "this run only" in costs.notes[-1]
     cache = json.loads((tmp_path / "calibration.json").read_text())
     assert not any(k.startswith("verify:") for k in cache)  # the next run measures again
+
+
+def test_a_seeded_run_plans_from_the_same_curve_as_the_seeded_run_before_it(tmp_path, monkeypatch):
+    """With --seed the planner's choices decide how the sampler's random stream is consumed, so two
+    seeded runs must plan from the same numbers: a curve measured on a busy machine is cached anyway
+    and a cached one is not re-measured (CI once saw two `--seed 7` runs of the tiny pair differ: the
+    first run's noisy curve was not cached and the second measured its own)."""
+    from specchat.decoding import calibration
+
+    monkeypatch.setenv("SPECCHAT_HOME", str(tmp_path))
+    spreads = iter([0.9, 0.6, 0.7])
+    monkeypatch.setattr(
+        calibration, "time_verify", lambda model, n, **kw: ([0.01 * (i + 1) for i in range(n)], next(spreads))
+    )
+    first = calibrate(FakeModel(n_vocab=32), [None], k_max=4, repeatable=True)
+    cache = json.loads((tmp_path / "calibration.json").read_text())
+    assert [v for k, v in cache.items() if k.startswith("verify:")] == [first.verify]
+    monkeypatch.setattr(calibration, "cached_curve_is_stale", lambda model, cached: True)
+    again = calibrate(FakeModel(n_vocab=32), [None], k_max=4, repeatable=True)
+    assert again.verify == first.verify and not any("busier machine" in n for n in again.notes)
     quiet = iter([0.8, 0.05])
     monkeypatch.setattr(calibration, "time_verify", lambda model, n, **kw: ([0.02] * n, next(quiet)))
     assert calibrate(FakeModel(n_vocab=32), [None], k_max=4).verify == [0.02] * 5

@@ -319,23 +319,28 @@ def calibrate(
     backend: str = "",
     use_cache: bool = True,
     verified: int = 0,
+    repeatable: bool = False,
 ) -> Costs:
     """Measured costs, from the on-disk cache when the same files/hardware were measured before.
-    `verified`: rows the build's invariance probe showed exact (see exact_rows)."""
+    `verified`: rows the build's invariance probe showed exact (see exact_rows). `repeatable` (a
+    seeded request, whose sampler's random stream the planner's choices consume): a cached curve is
+    used as it is, not re-measured when it looks stale, and a curve measured now is cached even if the
+    machine was busy, so the next seeded run plans from the same numbers."""
     n = k_max + 1
     notes: list[str] = []
     key = "verify:" + _key(target, f"{backend}:{k_max}")
     path = _cache_file()
     cache = store.read_json(path) if use_cache else {}
     verify = cache.get(key)
-    if isinstance(verify, list) and len(verify) == n and cached_curve_is_stale(target, verify):
+    cached = isinstance(verify, list) and len(verify) == n
+    if cached and not repeatable and cached_curve_is_stale(target, verify):
         notes.append(
             "calibration: the cached verify costs were measured on a busier machine; measuring again"
         )
         verify = None
     if not (isinstance(verify, list) and len(verify) == n):
         verify, trustworthy = measure_verify_quietly(target, n, notes)
-        if use_cache and trustworthy:
+        if use_cache and (trustworthy or repeatable):
             cache[key] = verify
             store.write_json(path, cache)
     exact_n = exact_rows(target, k_max=k_max, backend=backend, use_cache=use_cache, verified=verified)

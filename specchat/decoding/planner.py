@@ -567,6 +567,7 @@ def make_planner(loaded: object, k: int | None, *, seed: int | None = None):  # 
         models,
         backend=str(getattr(loaded, "backend", "")),
         verified=int(getattr(loaded, "verified_rows", 0)),
+        repeatable=seed is not None,
     )
     priors = [d.prior for d in drafters]
     route_priors = [d.route_priors for d in drafters]
