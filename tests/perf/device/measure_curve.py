@@ -1,10 +1,9 @@
 """specchat's own cost calibration of a target and draft pair, written as a cost-curve file.
 
-Loads the pair as `specchat run` does (specchat/models/loader.py: the target with repacked weights,
-all layers offloaded when the build can, V in bf16 only on a CPU build without the invariance proof)
-and measures what the planner plans with (specchat/decoding/calibration.py): the tie margin and the
-bit-exact batch size (loader.load), the verify curve V(1..K_MAX+1) and the draft model's cost per
-drafted token and per caught-up token (calibrate, as planner.make_planner calls it). `curve_doc` turns
+Loads the pair with specchat's own loader (specchat/models/loader.py: the target with repacked
+weights, all layers offloaded when the build can, its tie margin and bit-exact batch size) and takes
+what the planner plans with from planner.make_planner (specchat/decoding/calibration.py): the verify
+curve V(1..K_MAX+1) and the draft model's cost per drafted token and per caught-up token. `curve_doc` turns
 that into the format of tests/perf/curves/*.json, which replay_curves.from_file reads.
 """
 
@@ -23,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[3]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from specchat.decoding.calibration import K_MAX, VERIFY_SIZES  # noqa: E402
+from specchat.decoding.calibration import VERIFY_SIZES  # noqa: E402
 
 
 @dataclass(slots=True)
@@ -56,58 +55,34 @@ def measure_pair(
     threads: int | None = None,
     say: Callable[[str], None] = print,
 ) -> Measured:
-    """Load both models as the loader does and calibrate them (the cache in store.home() is used:
-    point SPECCHAT_HOME at an empty folder for a fresh measurement)."""
-    from specchat.decoding.calibration import calibrate, exact_rows, tie_margin
+    """Load both models with the loader (`specchat run TARGET --draft DRAFT --draft ngram`) and take
+    the costs the planner plans with (planner.make_planner's calibration). The cache in store.home()
+    is used: point SPECCHAT_HOME at an empty folder for a fresh measurement."""
+    from specchat.decoding.planner import make_planner
     from specchat.decoding.settings import CTX_SIZE
-    from specchat.llama.buildcheck import build_identity, verified_exact_rows
-    from specchat.llama.engine import (
-        GGML_TYPE_BF16,
-        LlamaModel,
-        LoadOptions,
-        backend_info,
-        device_memory,
-        supports_gpu_offload,
-    )
+    from specchat.llama.engine import backend_info, device_memory
+    from specchat.models.loader import LoadConfig, load
 
     n_ctx = n_ctx or CTX_SIZE
-    ident = build_identity()
     info = backend_info()
-    on_cpu = gpu_layers == 0 or not supports_gpu_offload()
-    verified = verified_exact_rows(ident) if on_cpu else 0
     seconds: dict[str, float] = {}
+    cfg = LoadConfig(str(target), (str(draft), "ngram"), ctx_size=n_ctx, gpu_layers=gpu_layers,
+                     threads=threads, offline=True)  # fmt: skip
     t = time.perf_counter()
-    opts = LoadOptions(
-        n_ctx=n_ctx,
-        gpu_layers=gpu_layers,
-        threads=threads,
-        repack=True,
-        type_v=GGML_TYPE_BF16 if on_cpu and not verified else None,
-    )
-    with LlamaModel(target, opts, name=target.name) as tm:
-        seconds["load target"] = time.perf_counter() - t
+    loaded = load(cfg)  # with the tie margin and bit-exact batch size, as every run measures them
+    try:
+        seconds["load, tie margin and exact rows"] = time.perf_counter() - t
+        tm = loaded.target
+        say(
+            f"loaded {target.name} and {draft.name}: GPU layers {tm.gpu_layers} and "
+            f"{loaded.draft_models[0].gpu_layers} (-1: all), {tm.threads} threads, context {n_ctx}"
+        )
         t = time.perf_counter()
-        with LlamaModel(
-            draft, LoadOptions(n_ctx=n_ctx, gpu_layers=gpu_layers, threads=threads), name=draft.name
-        ) as dm:
-            seconds["load draft"] = time.perf_counter() - t
-            say(
-                f"loaded {target.name} and {draft.name}: GPU layers {tm.gpu_layers} and {dm.gpu_layers} "
-                f"(-1: all), {tm.threads} threads, context {n_ctx}"
-            )
-            backend = f"{info.get('system_info', '')} build:{ident['key']}"
-            t = time.perf_counter()
-            margin = tie_margin(tm, backend=backend)
-            verified_rows = verified
-            exact_n = exact_rows(tm, backend=backend, verified=verified_rows)
-            if exact_n >= K_MAX + 1 and margin > 0.0:  # as loader.load: not exact past 512 KV cells
-                verified_rows = 0
-                exact_n = exact_rows(tm, backend=backend)
-            seconds["tie margin and exact rows"] = time.perf_counter() - t
-            t = time.perf_counter()
-            costs = calibrate(tm, [dm, None], backend=backend, verified=verified_rows)
-            seconds["calibrate"] = time.perf_counter() - t
-            gpu_layers_used = tm.gpu_layers
+        costs = make_planner(loaded, None).costs
+        seconds["calibrate"] = time.perf_counter() - t
+        exact_n, margin, gpu_layers_used = loaded.exact_rows, loaded.tie_margin, tm.gpu_layers
+    finally:
+        loaded.close()
     devices = [
         f"{d.kind} {d.description or d.name} ({d.total_bytes / 2**30:.0f} GiB)" for d in device_memory()
     ]
