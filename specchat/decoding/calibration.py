@@ -337,8 +337,8 @@ def calibrate(
         notes.append(
             "calibration: the cached verify costs were measured on a busier machine; measuring again"
         )
-        verify = None
-    if not (isinstance(verify, list) and len(verify) == n):
+        cached = False
+    if not cached:
         verify, trustworthy = measure_verify_quietly(target, n, notes)
         if use_cache and (trustworthy or repeatable):
             cache[key] = verify

@@ -504,6 +504,7 @@ class AutoPlanner:
         return self._budget
 
     def observe(self, rnd: Round, drafter: int | None) -> None:
+        budget, self._budget = self._budget, None  # the budget this round drafted under, if any
         self._generated += rnd.emitted
         proposed = rnd.drafted if rnd.proposed is None else rnd.proposed
         n = proposed + 1  # the verify batch: a rejection early in it does not make it cheaper
@@ -523,7 +524,6 @@ class AutoPlanner:
             self.drift = [self.drift[0] * 0.995 + rnd.repair_seconds, self.drift[1] * 0.995 + rnd.drifted]
         if drafter is None:
             return
-        budget, self._budget = self._budget, None
         first_only = (
             budget is not None
             and rnd.drafted == 1
