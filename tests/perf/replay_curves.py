@@ -123,12 +123,17 @@ def published() -> list[Curve]:
 
 
 def measured_cpu(own: list[float] | None = None, *, cached: bool = True) -> list[Curve]:
-    """This machine's calibrated verify curves (the own one first, then the others cached, unless
-    `cached` is off: then the own one alone, as a replay cache recorded it)."""
+    """This machine's calibrated verify curves (the own one first, then the others cached for a
+    target of about the same one-token time, unless `cached` is off: then the own one alone, as a
+    replay cache recorded it)."""
     curves: list[list[float]] = [own] if own else []
     cal = store.read_json(store.home() / "calibration.json") if cached else {}
     for k, v in sorted(cal.items()):
         if k.startswith("verify:") and isinstance(v, list) and len(v) == K_MAX + 1 and v not in curves:
+            # another target's curve (the F16 stand-in's, a tiny test model's) is not this pair's:
+            # its one-token time tells it apart, and the draft's cost below would be wrong for it
+            if own and v[0] > 0 and not 0.5 <= own[0] / v[0] <= 2.0:
+                continue
             curves.append(v)
     out = []
     for i, v in enumerate(curves):
