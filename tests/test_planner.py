@@ -661,3 +661,22 @@ def test_the_planner_prices_the_first_token_by_its_verify_row_and_keeps_such_tri
     planner.observe(Round("d", 3, 3, 1, 2, BIG_V[3], route="model", proposed=3, confidence=(0.95,) * 3), 0)
     counted = planner.acceptance(0, "model")
     assert (counted.a, counted.b) != before  # an ordinary draft round is counted as before
+
+
+def test_a_draft_model_left_behind_by_n_gram_rounds_is_still_chosen_while_the_answer_has_far_to_go():
+    """Catching up is paid once and serves the rounds after, so it is spread over what remains of
+    the answer, not charged to one round: charged whole, 30 tokens of n-gram rounds (1.5 tokens' time
+    to catch up) made the draft model look worse than plain decoding for the rest of the answer."""
+    v0 = BIG_V[0]
+    costs = Costs(list(BIG_V), [0.1 * v0, 0.0], catch_up=[0.05 * v0, 0.0])
+    planner = AutoPlanner(costs, [(3.0, 2.0), (1.0, 1.0)], explore=False)
+    assert planner.begin_answer([0, 0], 400) == [True, True]
+    assert planner.plan(8, ["model", None], [1, 0])[0] == 0  # caught up: it pays at its prior
+    planner.observe(Round("ngram", 4, 4, 4, 60, BIG_V[4], route="match 8+", proposed=4), 1)
+    assert planner.plan(8, ["model", None], [30, 0])[0] == 0  # ~200 tokens to go
+    for _ in range(3):  # near the end of the answer the catch-up no longer pays for itself
+        planner.observe(Round("ngram", 4, 4, 4, 60, BIG_V[4], route="match 8+", proposed=4), 1)
+    assert planner.plan(8, ["model", None], [30, 0]) == (None, 0)
+    # a prompt judged not worth giving it over the whole answer is not caught up on mid-answer either
+    assert planner.begin_answer([50_000, 0], 400) == [False, True]
+    assert planner.plan(8, ["model", None], [50_000, 0]) == (None, 0)

@@ -14,7 +14,8 @@ per second over the drafters and k in 0..K_MAX:
 * Rows of a batch beyond the bit-exact size decide a token only outside the tie margin: the recent
   share of near-ties (from every decided row) is priced in, and under --strict what drifted K/V cost
   in later repairs.
-* A draft model idle while another drafter worked must catch up first: priced per token.
+* A draft model idle while another drafter worked must catch up first: priced per token, and
+  spread over the rounds it drafts after (CATCH_UP_SHARE), since one catch-up serves them all.
 * Live rounds refine the verify curve and the draft cost as generation goes.
 
 k = 0 is plain decoding; a drafter that could not win even if always right is never tried.
@@ -62,6 +63,18 @@ SEEN_ENOUGH = 3
 #: batch; replayed on published GPU/Metal curves (issue 30) 16 gave 0.3-1.9% over 48 and 8 less,
 #: this CPU's curves unchanged (there a perfect draft stops paying before 16)
 DEPTH_CAP = 16
+#: catching an idle draft model up is paid once and then serves every round it drafts after, so
+#: plan() spreads what it is behind (beyond what any draft round leaves: STEADY_LAG) over this share of
+#: the answer's expected remaining tokens, not over one round. Charged to one round, the catch-up
+#: grew with every n-gram round and a draft model left idle early never drafted again: on code
+#: written from scratch under a CUDA curve (0.3x draft) 3 seeds in 24 stopped drafting after two
+#: rounds, 1.02x plain against 1.37-1.44x (issue 30). The whole remaining answer overstates it (n-gram
+#: copies still take rounds after, and each leaves the draft behind again): replayed, a share of 1
+#: cost 2% on copies on a flat curve with a dear draft (0.57 of a token), a quarter nothing
+CATCH_UP_SHARE = 0.25
+#: tokens a draft model is behind after a round it drafted: the target's correction, or its own last
+#: proposal (never decoded) and the bonus token; always charged to the round (CATCH_UP_SHARE)
+STEADY_LAG = 2
 #: a draft model's floor (AutoPlanner.draft_budget) at most: a draft the planner is this sure of
 #: is always worth extending once it chose to draft
 FLOOR_MAX = 0.9
@@ -298,6 +311,7 @@ class AutoPlanner:
         #: tokens an answer runs (running estimate), and the count of the one under way
         self.answer_tokens = ANSWER_PRIOR
         self._generated, self._answer_open = 0, False
+        self._expected_answer = ANSWER_PRIOR
         #: per drafter, seconds per token of processing a prompt (calibration's catching-up cost
         #: until a prefill has been timed)
         self.prefill_cost = list(costs.catch_up) + [0.0] * (len(self.priors) - len(costs.catch_up))
@@ -377,12 +391,14 @@ class AutoPlanner:
         2,700-token prompt with 30-90-token answers (aider, default pair, this CPU) the draft's
         prefill cost a quarter of the wall time and earned a few seconds; a short chat prompt, or a
         cheap draft for a dear target (a 1B draft, a 70B target), is prepared as before. A drafter
-        left behind is not chosen this answer either (plan() prices catching up)."""
+        left behind is not chosen this answer either: plan() spreads a catch-up over the answer, and
+        this prompt was judged not worth it over the whole of it."""
         if self._answer_open:
             self.answer_tokens += ANSWER_EMA * (self._generated - self.answer_tokens)
         self._answer_open, self._generated = True, 0
         full = self._verify_curve(self.k_max)
         expected = min(float(max_new), self.answer_tokens)
+        self._expected_answer = expected
         out = []
         self.left_behind = []
         for i, lag in enumerate(lags):
@@ -451,19 +467,27 @@ class AutoPlanner:
         v = full[: k_cap + 1]
         best_speed = 1.0 / v[0]
         tie = self.tie_rate
+        behind_prompt = {i for i, _ in self.left_behind}
         for i, route in enumerate(routes):
-            if route is None or not self.can_pay(i, full):
+            if route is None or i in behind_prompt or not self.can_pay(i, full):
                 continue
             rates = self.acceptance(i, route).rates(k_cap, self.rng if self.explore else None)
+            behind = self._catch_up_cost(i, lags)
+            per = self.costs.catch_up[i] if i < len(self.costs.catch_up) else 0.0
+            steady = min(behind, STEADY_LAG * per)  # what it is behind even when it drafts every round
             k, speed = best_k(
                 rates,
                 v,
                 self.costs.draft[i],
                 tie=tie,
                 exact_n=self.costs.exact_n,
-                overhead=self._catch_up_cost(i, lags),
+                overhead=steady,
                 drift_cost=self.drift_cost,
             )
+            if k > 0 and behind > steady:
+                # the rest is paid once and serves the rounds it drafts from then on (CATCH_UP_SHARE)
+                horizon = max(1.0, CATCH_UP_SHARE * (self._expected_answer - self._generated))
+                speed = horizon / (horizon / speed + behind - steady)
             if k > 0 and speed > best_speed:
                 self.last_choice, best_speed = (i, k), speed
         self.last_speed, self._last_v = best_speed, v
