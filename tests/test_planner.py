@@ -680,3 +680,36 @@ def test_a_draft_model_left_behind_by_n_gram_rounds_is_still_chosen_while_the_an
     # a prompt judged not worth giving it over the whole answer is not caught up on mid-answer either
     assert planner.begin_answer([50_000, 0], 400) == [False, True]
     assert planner.plan(8, ["model", None], [50_000, 0]) == (None, 0)
+
+
+def test_deep_draft_positions_are_priced_at_their_own_rows_where_the_curve_steepens():
+    """The budget priced every drafted token at the planned draft's average verify row; where the
+    curve steepens past a few rows (M2 Ultra: rows 5-16 at 0.19 of a token against 0.14 for the
+    first three) deep tokens were underpriced. Each position's floor follows the curve's slope
+    from it, and is never below the average-row floor (where the curve flattens it stays there)."""
+    from specchat.decoding.drafters import DraftBudget
+
+    v0 = 0.0142
+    steep_late = [v0 * x for x in (1.0, 1.11, 1.26, 1.41, 1.60, 1.79, 1.97, 2.16, 2.35, 2.54)]
+    planner = AutoPlanner(Costs(steep_late, [0.24 * v0]), [(9.0, 1.0)], explore=False)
+    which, _ = planner.plan(8, ["model"])
+    assert which == 0
+    budget = planner.draft_budget(0)
+    assert budget is not None and len(budget.floors) == 8
+    assert all(f >= budget.floor for f in budget.floors)
+    assert budget.floor_at(5) > budget.floor  # rows 6-9 at 0.19 each: dearer than the average
+    assert budget.floor_at(50) == budget.floor  # past the curve the planner has: the floor
+    flat_late = [v0 * x for x in (1.0, 1.17, 1.33, 1.50, 1.58, 1.67, 1.75, 1.84, 1.92, 2.0)]
+    planner = AutoPlanner(Costs(flat_late, [0.14 * v0]), [(9.0, 1.0)], explore=False)
+    planner.plan(8, ["model"])
+    budget = planner.draft_budget(0)
+    assert budget is not None and all(f == pytest.approx(budget.floor) for f in budget.floors[3:])
+    assert DraftBudget(floor=0.5, floors=(0.5, 0.7)).floor_at(1) == 0.7
+    # the draft model stops where its position's floor says, not the round's
+    from specchat.decoding.drafters import ModelDrafter
+    from specchat.decoding.sampling import SamplingParams
+
+    drafter = ModelDrafter(FakeModel(n_vocab=16, seed=3), p_min=0.0)
+    each = DraftBudget(floor=0.0, chance=(0.9,), floors=(0.0, 0.0, 0.8))  # reach 0.9, 0.81, 0.73
+    out = drafter.propose([1, 2, 3], 8, SamplingParams(), np.random.default_rng(0), budget=each)
+    assert len(out.tokens) == 2

@@ -50,9 +50,15 @@ class DraftBudget:
     #: anyway: proposing it costs only its verify row, not a draft decode (None: `floor`). Below
     #: `floor` but at or above this, it is proposed and the drafter looks no further.
     first_floor: float | None = None
+    #: per draft position, the floor where it differs from `floor` (a deeper row of the verify batch
+    #: can cost more than the planned draft's average row); positions past its end take `floor`
+    floors: tuple[float, ...] = ()
 
     def first(self) -> float:
-        return self.floor if self.first_floor is None else self.first_floor
+        return self.floor_at(0) if self.first_floor is None else self.first_floor
+
+    def floor_at(self, i: int) -> float:
+        return self.floors[i] if i < len(self.floors) else self.floor
 
     def accept_chance(self, confidence: float) -> float:
         if not self.chance:
@@ -187,7 +193,7 @@ class ModelDrafter:
             if conf < self.p_min:
                 break
             last = False
-            if budget is not None and reach < budget.floor:
+            if budget is not None and reach < budget.floor_at(i):
                 if i > 0 or reach < budget.first():
                     break
                 last = True  # the first token pays its verify row, not a decode to look past it

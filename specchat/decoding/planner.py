@@ -75,6 +75,12 @@ CATCH_UP_SHARE = 0.25
 #: tokens a draft model is behind after a round it drafted: the target's correction, or its own last
 #: proposal (never decoded) and the bonus token; always charged to the round (CATCH_UP_SHARE)
 STEADY_LAG = 2
+#: rows over which draft_budget reads the verify curve's slope at a draft position. Priced at the
+#: planned draft's average row, deep tokens were underpriced where the curve steepens (M2 Ultra: rows
+#: 5-16 cost 0.19 of a token each against 0.14 for the first three): replayed, 48 seeds, M2 Ultra
+#: 1.773 -> 1.781x (scratch 1.449 -> 1.464x), CUDA 0.1x 2.513 -> 2.540x, the rest level. Priced lower
+#: where the curve flattens, the F16 stand-in lost 1.2%: the floor is only ever raised
+FLOOR_WINDOW = 4
 #: a draft model's floor (AutoPlanner.draft_budget) at most: a draft the planner is this sure of
 #: is always worth extending once it chose to draft
 FLOOR_MAX = 0.9
@@ -508,7 +514,8 @@ class AutoPlanner:
         """Where a draft model should stop this round: once the chance that its whole draft so far
         is accepted (its confidences, calibrated by what the verifier accepted, multiplied) is below
         what one more token costs at the speed this round is planned for. One more drafted token
-        costs its draft decode plus its share of the longer verify batch, c + (V(k+1) - V(1))/k, and
+        costs its draft decode plus its share of the longer verify batch, c + (V(k+1) - V(1))/k (or,
+        deeper where the curve steepens, its own rows' slope: FLOOR_WINDOW), and
         is worth its chance of being accepted; it pays while that chance is at least speed x cost
         tokens. So a cheap draft on a flat verify curve runs on through a few unsure tokens (a 1B
         draft for a 70B target), and a dear one stops at the first (the default pair on a 2-core
@@ -524,7 +531,17 @@ class AutoPlanner:
         # proposing it costs only its verify row (a draft model declining it had paid that decode for
         # nothing: 65 of 255 draft rounds on scratch code under a CUDA curve with a 0.3x draft)
         first = min(floor, self.last_speed * (v[1] - v[0])) if len(v) > 1 else floor
-        self._budget = DraftBudget(floor=floor, chance=self.confidence[drafter].chances(), first_floor=first)
+        # a position deeper in the batch can cost more than the planned draft's average row (where
+        # the curve steepens: past 4 rows on the published GPU and M2 Ultra curves): it is priced at
+        # its own, the curve's slope over the FLOOR_WINDOW rows from it; never below `floor`
+        c = self.costs.draft[drafter]
+        floors = []
+        for i in range(len(v) - 1):
+            j = min(len(v) - 1, i + FLOOR_WINDOW)
+            floors.append(min(FLOOR_MAX, max(floor, self.last_speed * (c + (v[j] - v[i]) / (j - i)))))
+        self._budget = DraftBudget(
+            floor=floor, chance=self.confidence[drafter].chances(), first_floor=first, floors=tuple(floors)
+        )
         return self._budget
 
     def observe(self, rnd: Round, drafter: int | None) -> None:
@@ -552,7 +569,7 @@ class AutoPlanner:
             budget is not None
             and rnd.drafted == 1
             and len(rnd.confidence) == 1
-            and budget.accept_chance(rnd.confidence[0]) < budget.floor
+            and budget.accept_chance(rnd.confidence[0]) < budget.floor_at(0)
         )
         if not first_only:
             # a first token proposed below the full floor (DraftBudget.first_floor) says how such

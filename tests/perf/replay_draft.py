@@ -119,7 +119,7 @@ class ReplayDraftModel:
             if conf < self.p_min:
                 break
             last = False
-            if budget is not None and reach < budget.floor:
+            if budget is not None and reach < budget.floor_at(j):
                 if j > 0 or reach < budget.first():
                     break
                 last = True  # as ModelDrafter: the first token proposed, no decode to look past it
