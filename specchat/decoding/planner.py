@@ -382,10 +382,14 @@ class AutoPlanner:
         )
         return k
 
+    def _catch_up_price(self, drafter: int) -> float:
+        """Seconds drafter i spends catching up on one context token (0 for a model-free one)."""
+        return self.costs.catch_up[drafter] if drafter < len(self.costs.catch_up) else 0.0
+
     def _catch_up_cost(self, drafter: int, lags: Sequence[int]) -> float:
         """Seconds drafter i spends catching up on the context before it can draft this round."""
         lag = lags[drafter] if drafter < len(lags) else 0
-        return lag * (self.costs.catch_up[drafter] if drafter < len(self.costs.catch_up) else 0.0)
+        return lag * self._catch_up_price(drafter)
 
     def begin_answer(self, lags: Sequence[int], max_new: int) -> list[bool]:
         """Give a drafter the prompt when it can pay at all and, for a draft model with prompt to
@@ -479,8 +483,8 @@ class AutoPlanner:
                 continue
             rates = self.acceptance(i, route).rates(k_cap, self.rng if self.explore else None)
             behind = self._catch_up_cost(i, lags)
-            per = self.costs.catch_up[i] if i < len(self.costs.catch_up) else 0.0
-            steady = min(behind, STEADY_LAG * per)  # what it is behind even when it drafts every round
+            # what it is behind even when it drafts every round
+            steady = min(behind, STEADY_LAG * self._catch_up_price(i))
             k, speed = best_k(
                 rates,
                 v,

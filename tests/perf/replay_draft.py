@@ -27,6 +27,12 @@ from specchat.decoding.sampling import SamplingParams, top_prob
 ROUND_OVERHEAD = 0.0006
 
 
+def billed(verify: Sequence[float]) -> list[float]:
+    """The verify curve as a replayed round is billed, each batch plus the loop's ROUND_OVERHEAD:
+    what a live planner measures a round at, so the replayed planner is given it too."""
+    return [c + ROUND_OVERHEAD for c in verify]
+
+
 @dataclass(slots=True)
 class DraftTrace:
     """Per output position i: whether the draft's greedy token given the true prefix is output[i],
@@ -167,7 +173,7 @@ def hindsight_seconds(
             ctx = prompt + output[:i]
             p = drafter.propose(ctx, k_top, None, None).tokens if drafter.route(ctx) else []  # type: ignore[arg-type]
             props.append([t == output[i + j] for j, t in enumerate(p) if i + j < n_out])
-    v = [c + ROUND_OVERHEAD for c in verify]
+    v = billed(verify)
     best = [[0.0, 0.0] for _ in range(n_out + 1)]
 
     def walk(i: int, k: int, hits: Sequence[bool], after_tie: int, cost: float) -> float | None:

@@ -31,7 +31,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
 from replay_curves import Curve
-from replay_draft import ROUND_OVERHEAD, DraftTrace, ReplayDraftModel, hindsight_seconds
+from replay_draft import ROUND_OVERHEAD, DraftTrace, ReplayDraftModel, billed, hindsight_seconds
 
 from specchat.decoding.calibration import Costs
 from specchat.decoding.drafters import NGRAM_ROUTE_PRIORS, ModelDrafter, NgramDrafter
@@ -84,10 +84,9 @@ class Replayer:
         """specchat's default: AutoPlanner over the draft model and n-gram lookup (as make_planner)."""
         from specchat.decoding.planner import AutoPlanner
 
-        # the curve as a live planner learns it: a round's measured time includes the loop's own
-        # overhead, which the replay bills (ROUND_OVERHEAD); a planner told the bare curve thinks
-        # rounds cheaper than they are, which matters where a token takes a few ms (a GPU)
-        costs = Costs([x + ROUND_OVERHEAD for x in curve.verify], [curve.draft, 0.0],
+        # the curve as a live planner learns it (billed): told the bare curve it thinks rounds
+        # cheaper than they are, which matters where a token takes a few ms (a GPU)
+        costs = Costs(billed(curve.verify), [curve.draft, 0.0],
                       exact_n=self.exact_n, catch_up=[curve.catch_up, 0.0])  # fmt: skip
         planner = AutoPlanner(costs, [ModelDrafter.prior, NgramDrafter.prior],
                               route_priors=[ModelDrafter.route_priors, NGRAM_ROUTE_PRIORS],

@@ -62,7 +62,7 @@ from specchat.decoding.loop import Settings, generate  # noqa: E402
 from specchat.decoding.planner import AutoPlanner  # noqa: E402
 
 sys.path.insert(0, str(HERE))
-from replay_draft import ROUND_OVERHEAD, DraftTrace, hindsight_seconds, teacher_force_draft  # noqa: E402
+from replay_draft import ROUND_OVERHEAD, DraftTrace, billed, hindsight_seconds, teacher_force_draft  # noqa: E402
 
 #: prompt categories that copy their input (the rest are judged on staying at plain speed)
 COPYING = {"edit", "revision"}
@@ -341,8 +341,7 @@ def report(
         ids = {t: i for i, t in enumerate(sorted({*prompt, *output, 0}))}
         p, o = [ids[t] for t in prompt], [ids[t] for t in output]
         planner = AutoPlanner(
-            # the curve as a live planner learns it: measured rounds include the loop's overhead
-            Costs([x + ROUND_OVERHEAD for x in curve], [0.0], exact_n=exact_n), [(1.0, 1.0)],
+            Costs(billed(curve), [0.0], exact_n=exact_n), [(1.0, 1.0)],  # as a live planner measures it
             route_priors=[NGRAM_ROUTE_PRIORS],
             rng=np.random.default_rng(seed), learn_costs=False,
         )  # fmt: skip
