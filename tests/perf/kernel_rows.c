@@ -1,16 +1,21 @@
-// The several-rows kernels of patches 0006 (repacked Q4_K) and 0007 (Q6_K) against the one-row kernels,
+// The several-rows kernels of patches 0006 (repacked Q4_K) and 0007-0008 (Q6_K) against the one-row kernels,
 // on random data that stays in cache: nanoseconds per weight block and row, and whether every row's
 // result equals the one-row kernel's bit for bit ("same"). Not a test; a kernel-level check to run after
 // changing either patch. Build against the patched libggml-cpu (the venv's, or a build of the queue):
 //   L=$(.venv/bin/python -c 'import llama_cpp, os; print(os.path.dirname(llama_cpp.__file__))')/lib
-//   gcc -O2 -march=native tests/perf/kernel_rows.c -o /tmp/kernel_rows -L$L -lggml-cpu -Wl,-rpath,$L
+//   gcc -O2 -march=native tests/perf/kernel_rows.c -o /tmp/kernel_rows -L$L -lggml-cpu -lggml-base -lm -Wl,-rpath,$L
 //   /tmp/kernel_rows
-// W is 72 columns: four 16-column pairs and one 8-column group left over (both paths of 0006).
+// W is 72 columns: four 16-column pairs and one 8-column group left over (both paths of 0006). Last, the
+// activation quantiser of patch 0009 (quantize_row_q8_K) against the reference one (libggml-base's
+// quantize_row_q8_K_ref), on random rows with ties and zero blocks: "same" where every byte agrees.
+// ggml_cpu_init() comes first: it fills the fp16 table the kernels read their scales through (without it
+// every scale reads as 0, every result is 0, and "same" says nothing).
 #include <stdio.h>
 #include <stdlib.h>
 #include <stdint.h>
 #include <string.h>
 #include <time.h>
+#include <math.h>
 #define QK_K 256
 typedef uint16_t half;
 typedef struct { uint8_t ql[QK_K/2]; uint8_t qh[QK_K/4]; int8_t scales[QK_K/16]; half d; } block_q6_K;
@@ -20,16 +25,20 @@ void ggml_vec_dot_q6_K_q8_K(int n, float * s, size_t bs, const void * vx, size_t
 void ggml_vec_dot_q6_K_q8_K_rows(int n, float * s, size_t bs, const void * vx, const void * vy, size_t by, int nrc);
 void ggml_gemv_q4_K_8x8_q8_K(int n, float * s, size_t bs, const void * vx, const void * vy, int nr, int nc);
 void ggml_gemv_q4_K_8x8_q8_K_rows(int n, float * s, size_t bs, const void * vx, const void * vy, int nr, int nc);
+void quantize_row_q8_K(const float * x, void * y, int64_t k);
+void quantize_row_q8_K_ref(const float * x, block_q8_K * y, int64_t k);
+void ggml_cpu_init(void);
 static double now(void){struct timespec t; clock_gettime(CLOCK_MONOTONIC,&t); return t.tv_sec+t.tv_nsec*1e-9;}
 static void fill(void*p,size_t n){uint8_t*b=p; for(size_t i=0;i<n;i++) b[i]=(uint8_t)(rand());}
 int main(void){
+  ggml_cpu_init();
   const int n=1536, nb=n/QK_K, W=72; // 72 weight rows (Q6_K) / 72 columns (Q4_K): ~90 KB
   block_q6_K *x6=aligned_alloc(64,sizeof(block_q6_K)*nb*W); fill(x6,sizeof(block_q6_K)*nb*W);
-  for(int i=0;i<nb*W;i++) x6[i].d=0x3c00;
+  for(int i=0;i<nb*W;i++) x6[i].d=0x3c00^(i%7);
   block_q4_Kx8 *x4=aligned_alloc(64,sizeof(block_q4_Kx8)*nb*W/8); fill(x4,sizeof(block_q4_Kx8)*nb*W/8);
-  for(int i=0;i<nb*W/8;i++) for(int j=0;j<8;j++){x4[i].d[j]=0x3c00;x4[i].dmin[j]=0x3c00;}
+  for(int i=0;i<nb*W/8;i++) for(int j=0;j<8;j++){x4[i].d[j]=0x3c00^(j+i%3);x4[i].dmin[j]=0x3800^(j+i%5);}
   block_q8_K *y=aligned_alloc(64,sizeof(block_q8_K)*nb*16); fill(y,sizeof(block_q8_K)*nb*16);
-  for(int i=0;i<nb*16;i++){y[i].d=1.0f; for(int j=0;j<16;j++){int s=0; for(int k=0;k<16;k++) s+=y[i].qs[j*16+k]; y[i].bsums[j]=s;}}
+  for(int i=0;i<nb*16;i++){y[i].d=0.01f*(1+i%7); for(int j=0;j<16;j++){int s=0; for(int k=0;k<16;k++) s+=y[i].qs[j*16+k]; y[i].bsums[j]=s;}}
   float out[16*72]; float ref[16*72];
   int sizes[]={1,2,4,8,16};
   for(int si=0;si<5;si++){int R=sizes[si];
@@ -50,5 +59,24 @@ int main(void){
     double t4=(now()-t)/reps/(W/8)/R/nb*1e9;
     int bad4=memcmp(out,ref,sizeof(float)*R*W)!=0;
     printf("rows %2d  Q6_K ns/superblock/row: one-row %.2f  rows %.2f %s | Q4_Kx8 ns/block/row: gemv %.2f rows %.2f %s\n",R,t1,t2,bad?"DIFF":"same",t3,t4,bad4?"DIFF":"same");
+  }
+  // the activation quantiser (0009) against the reference, then its speed: 16 rows of n values
+  {
+    const int k=n*16; float *xf=malloc(sizeof(float)*k);
+    block_q8_K *qa=malloc(sizeof(block_q8_K)*k/QK_K), *qb=malloc(sizeof(block_q8_K)*k/QK_K);
+    int bad=0;
+    for(int trial=0;trial<500;trial++){
+      for(int i=0;i<k;i++){ float v=((float)rand()/RAND_MAX-0.5f)*(trial%13+1);
+        if(trial%4==1) v=(float)(rand()%21-10)*0.5f;          /* ties after scaling */
+        if(trial%4==2 && (i/QK_K)%3==0) v=0.0f;                /* all-zero blocks */
+        if(trial%4==3 && i%QK_K==9) v=-v-100.0f;               /* one large value per block */
+        if(trial%4==3 && i%QK_K==200) v=100.0f+fabsf(xf[i-191]+100.0f); xf[i]=v; }
+      memset(qa,0x5a,sizeof(block_q8_K)*k/QK_K); memset(qb,0x5a,sizeof(block_q8_K)*k/QK_K);
+      quantize_row_q8_K_ref(xf,qa,k); quantize_row_q8_K(xf,qb,k);
+      bad+=memcmp(qa,qb,sizeof(block_q8_K)*k/QK_K)!=0;
+    }
+    double t=now(); for(int it=0;it<2000;it++) quantize_row_q8_K_ref(xf,qa,k); double tr=(now()-t)/2000;
+    t=now(); for(int it=0;it<2000;it++) quantize_row_q8_K(xf,qb,k); double tv=(now()-t)/2000;
+    printf("activations to Q8_K, 16 rows of %d: reference %.1f us, quantize_row_q8_K %.1f us; 500 random sets %s\n",n,tr*1e6,tv*1e6,bad?"DIFF":"same");
   }
 }
