@@ -71,14 +71,14 @@ class Replayer:
         spent, made = 0.0, 0
         settings = Settings(max_tokens=len(self.o), tie_margin=self.margin if margin else 0.0,
                             exact_rows=self.exact_n)  # fmt: skip
-        v = curve.verify
+        bill = billed(curve.verify)
         target = self._replay(self.p, self.o, self.gaps, self.vocab)
         for ev in generate(target, self.p, drafters=drafters, planner=planner, settings=settings):
             if isinstance(ev, Round):
-                spent += v[min((ev.proposed or 0) + 1, len(v)) - 1] + ROUND_OVERHEAD + ev.draft_seconds
+                spent += bill[min((ev.proposed or 0) + 1, len(bill)) - 1] + ev.draft_seconds
             elif isinstance(ev, Done):
                 made = ev.stats.generated_tokens
-        return made * (v[0] + ROUND_OVERHEAD) / spent
+        return made * bill[0] / spent
 
     def auto(self, curve: Curve, seed: int, tune: Callable[[object], None] | None = None) -> float:
         """specchat's default: AutoPlanner over the draft model and n-gram lookup (as make_planner)."""

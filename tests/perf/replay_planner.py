@@ -340,8 +340,9 @@ def report(
         prompt, output, gaps = cases[name]
         ids = {t: i for i, t in enumerate(sorted({*prompt, *output, 0}))}
         p, o = [ids[t] for t in prompt], [ids[t] for t in output]
+        bill = billed(curve)  # what each round costs here, and what a live planner measures it at
         planner = AutoPlanner(
-            Costs(billed(curve), [0.0], exact_n=exact_n), [(1.0, 1.0)],  # as a live planner measures it
+            Costs(bill, [0.0], exact_n=exact_n), [NgramDrafter.prior],
             route_priors=[NGRAM_ROUTE_PRIORS],
             rng=np.random.default_rng(seed), learn_costs=False,
         )  # fmt: skip
@@ -350,10 +351,10 @@ def report(
         for ev in generate(Replay(p, o, gaps, len(ids)), p, drafters=[NgramDrafter()], planner=planner,
                            settings=settings):  # fmt: skip
             if isinstance(ev, Round):
-                spent += curve[min((ev.proposed or 0) + 1, len(curve)) - 1] + ROUND_OVERHEAD
+                spent += bill[min((ev.proposed or 0) + 1, len(bill)) - 1]
             elif isinstance(ev, Done):
                 made = ev.stats.generated_tokens
-        return made * (curve[0] + ROUND_OVERHEAD) / spent
+        return made * bill[0] / spent
 
     def geomean(xs: list[float]) -> float:
         return math.exp(statistics.fmean(math.log(x) for x in xs)) if xs else float("nan")
