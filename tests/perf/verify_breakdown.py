@@ -7,7 +7,11 @@ the measured milliseconds per batch, give each kernel's milliseconds; kernels ar
 they compute (the symbols are llama.cpp's CPU backend's, patched or stock).
 
 Usage: python tests/perf/verify_breakdown.py TARGET.gguf [--sizes 1,2,4,8,16] [--seconds 8]
+       [--cells 200] [--v-type bf16|f16]
        [--env NAME=VALUE ...]    (GGML_CPU_MULTIROW=0: the several-rows kernels of patches 0006-0008 off)
+--cells: KV cells filled before the batches (a long conversation: attention's share grows with it);
+--v-type: the V cache's type (f16 is what `specchat run` and `serve` load on a verified build; the
+tables before stop 33 used bf16, the default here).
 Needs `perf` (Debian: linux-perf). Not a test: run it alone on an idle machine (~1 min a size).
 """
 
@@ -36,16 +40,18 @@ GROUPS: tuple[tuple[str, str], ...] = (
 )
 
 
-def child(target: str, n: int, seconds: float) -> None:
-    """Load, fill 200 cells, say 'ready', then time batches of n rows for `seconds`."""
+def child(target: str, n: int, seconds: float, cells: int = 200, v_type: str = "bf16") -> None:
+    """Load, fill `cells` cells, say 'ready', then time batches of n rows for `seconds`."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     from specchat.llama.engine import GGML_TYPE_BF16, LlamaModel, LoadOptions
 
-    with LlamaModel(Path(target), LoadOptions(n_ctx=4096, type_v=GGML_TYPE_BF16, repack=True)) as m:
-        probe = [(i * 7919) % (m.n_vocab - 16) + 8 for i in range(260)]
-        m.decode(probe[:200], [])
+    type_v = GGML_TYPE_BF16 if v_type == "bf16" else None
+    n_ctx = max(4096, cells + 256)
+    with LlamaModel(Path(target), LoadOptions(n_ctx=n_ctx, type_v=type_v, repack=True)) as m:
+        probe = [(i * 7919) % (m.n_vocab - 16) + 8 for i in range(cells + 64)]
+        m.decode(probe[:cells], [])
         start = len(m.tokens)
-        rows = probe[200 : 200 + n]
+        rows = probe[cells : cells + n]
         for _ in range(3):  # warm-up: the first batch of a size allocates
             m.decode(rows, list(range(n)))
             m.truncate(start)
@@ -80,9 +86,11 @@ def shares(data: Path) -> dict[str, float]:
     return total
 
 
-def measure(target: str, n: int, seconds: float, env: dict[str, str]) -> tuple[float, dict[str, float]]:
+def measure(
+    target: str, n: int, seconds: float, env: dict[str, str], cells: int = 200, v_type: str = "bf16"
+) -> tuple[float, dict[str, float]]:
     proc = subprocess.Popen(
-        [sys.executable, __file__, "--child", target, str(n), str(seconds)],
+        [sys.executable, __file__, "--child", target, str(n), str(seconds), str(cells), v_type],
         stdout=subprocess.PIPE,
         text=True,
         env={**os.environ, **env},
@@ -102,17 +110,20 @@ def measure(target: str, n: int, seconds: float, env: dict[str, str]) -> tuple[f
 
 
 def main() -> None:
-    if len(sys.argv) == 5 and sys.argv[1] == "--child":
-        child(sys.argv[2], int(sys.argv[3]), float(sys.argv[4]))
+    if len(sys.argv) == 7 and sys.argv[1] == "--child":
+        child(sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5]), sys.argv[6])
         return
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("target")
     ap.add_argument("--sizes", default="1,2,4,8,16")
     ap.add_argument("--seconds", type=float, default=8.0)
+    ap.add_argument("--cells", type=int, default=200, help="KV cells filled before the batches")
+    ap.add_argument("--v-type", choices=("bf16", "f16"), default="bf16", help="the V cache's type")
     ap.add_argument("--env", action="append", default=[], help="NAME=VALUE for the measured process")
     a = ap.parse_args()
     env = dict(e.split("=", 1) for e in a.env)
-    rows = [(n, *measure(a.target, n, a.seconds, env)) for n in (int(s) for s in a.sizes.split(","))]
+    sizes = (int(s) for s in a.sizes.split(","))
+    rows = [(n, *measure(a.target, n, a.seconds, env, a.cells, a.v_type)) for n in sizes]
     names = [g for g, _ in GROUPS] + ["other"]
     v1 = rows[0][1] if rows[0][0] == 1 else None
     print(f"{'rows':>4} {'ms':>7} {'V(n)':>5}  " + "  ".join(f"{g:>12.12}" for g in names))
