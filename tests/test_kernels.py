@@ -1,4 +1,5 @@
-"""The installed llama.cpp's activation quantiser against ggml's reference one, byte for byte.
+"""The installed llama.cpp's activation quantiser against ggml's reference one, byte for byte, and patch
+0011's vector expf against libm's.
 
 Patch 0009 vectorises quantize_row_q8_K (activations to Q8_K, the other side of every k-quant dot
 product) on x86. The invariance probe cannot catch a quantiser that is wrong the same way for one row
@@ -68,3 +69,27 @@ def test_the_activation_quantiser_writes_the_reference_bytes():
         assert np.array_equal(got, ref), f"trial {trial}: first differing byte {int(np.argmax(got != ref))}"
         quants = ref.reshape(-1, BLOCK)[:, 4 : 4 + QK_K]
         assert (quants != 0x5A).any()  # the reference wrote its quants: not two untouched buffers compared
+
+
+def _expf_exact():
+    """tests/perf/expf_exact.py, imported by path (tests/perf is a folder of scripts, not a package)."""
+    import importlib.util
+
+    path = Path(__file__).parent / "perf" / "expf_exact.py"
+    spec = importlib.util.spec_from_file_location("expf_exact", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_vector_expf_in_patch_0011_is_libms_expf():
+    """Patch 0011's softmax exponentials, compiled from the patch file itself, equal libm's expf on a
+    sample of every float range (`python tests/perf/expf_exact.py --stride 1` checks all 2^32)."""
+    expf_exact = _expf_exact()
+    why = expf_exact.can_run()
+    if why:
+        pytest.skip(f"cannot compile and run the AVX512 expf here: {why}")
+    ok, report = expf_exact.check(stride=4099)
+    assert ok, report
+    assert report.startswith("1047824 floats, 0 differ")

@@ -1,0 +1,109 @@
+"""Patch 0011's vector expf against this machine's libm expf, bit for bit.
+
+Patch 0011 computes the flash-attention softmax's exponentials 16 at a time with a copy of glibc's
+expf in AVX512 (and checks itself against libm once per process, falling back to libm on any
+difference). This takes the code out of the patch file itself (the lines from its table to the end
+of `ggml_fa_expf16`), compiles it with a loop over float bit patterns and compares every result with
+libm's `expf`: `--stride 1` is all 2^32 floats (~35 s on one core), the default a sample for a test.
+
+    python tests/perf/expf_exact.py [--stride N] [--patch PATH]
+
+Needs gcc and a CPU with AVX512F and AVX512DQ; says so and exits 2 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+PATCH = Path(__file__).resolve().parents[2] / "patches" / "llama.cpp"
+START = "static const uint64_t ggml_fa_exp2f_tab[32]"
+END = "// Whether ggml_fa_expf16 gives this process's libm expf"
+
+MAIN = r"""
+#include <stdio.h>
+#include <stdlib.h>
+int main(int argc, char ** argv) {
+    const uint64_t stride = strtoull(argv[1], NULL, 10);
+    uint64_t bad = 0, n = 0;
+    alignas(64) float xs[16];
+    alignas(64) float ys[16];
+    for (uint64_t base = 0; base < (1ull << 32); base += 16*stride) {
+        for (int i = 0; i < 16; ++i) {
+            const uint32_t b = (uint32_t) (base + (uint64_t) i*stride);
+            memcpy(&xs[i], &b, 4);
+            ys[i] = xs[i];
+        }
+        ggml_fa_expf16(ys);
+        for (int i = 0; i < 16; ++i) {
+            const float e = expf(xs[i]);
+            if (memcmp(&e, &ys[i], 4) != 0 && !(isnan(e) && isnan(ys[i]))) {
+                if (bad < 5) printf("x=%a: %a, libm %a\n", xs[i], ys[i], e);
+                ++bad;
+            }
+            ++n;
+        }
+    }
+    printf("%llu floats, %llu differ from libm's expf\n", (unsigned long long) n, (unsigned long long) bad);
+    return bad != 0;
+}
+"""
+
+
+def patch_code(patch: Path) -> str:
+    """The vector expf's C++ as the patch adds it (its '+' lines between START and END)."""
+    lines = patch.read_text().splitlines()
+    text = "\n".join(line[1:] for line in lines if line.startswith("+") and not line.startswith("+++"))
+    start, end = text.find(START), text.find(END)
+    if start < 0 or end < start:
+        raise SystemExit(f"{patch.name}: no vector expf between {START!r} and {END!r}")
+    return text[start:end]
+
+
+def can_run() -> str | None:
+    """Why the check cannot run here, or None."""
+    if shutil.which("g++") is None:
+        return "no g++"
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return "no /proc/cpuinfo"
+    if not (re.search(r"\bavx512f\b", flags) and re.search(r"\bavx512dq\b", flags)):
+        return "the CPU lacks AVX512F/DQ"
+    return None
+
+
+def check(stride: int, patch: Path | None = None) -> tuple[bool, str]:
+    """Compile the patch's expf with a comparison loop and run it; (all equal, its report line)."""
+    patch = patch or next(iter(sorted(PATCH.glob("0011-*.patch"))))
+    source = "#include <immintrin.h>\n#include <math.h>\n#include <stdint.h>\n#include <string.h>\n"
+    source += patch_code(patch) + MAIN
+    with tempfile.TemporaryDirectory(prefix="specchat-expf-") as tmp:
+        src, exe = Path(tmp) / "expf.cpp", Path(tmp) / "expf"
+        src.write_text(source)
+        subprocess.run(["g++", "-O2", "-march=native", "-o", str(exe), str(src), "-lm"], check=True)
+        done = subprocess.run([str(exe), str(stride)], capture_output=True, text=True, check=False)
+    return done.returncode == 0, done.stdout.strip()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--stride", type=int, default=257, help="check every Nth float bit pattern (1: all)")
+    ap.add_argument("--patch", type=Path, default=None)
+    args = ap.parse_args()
+    why = can_run()
+    if why:
+        print(f"cannot check here: {why}")
+        sys.exit(2)
+    ok, report = check(args.stride, args.patch)
+    print(report)
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()
