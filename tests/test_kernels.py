@@ -83,13 +83,15 @@ def _expf_exact():
     return module
 
 
-def test_the_vector_expf_in_patch_0011_is_libms_expf():
-    """Patch 0011's softmax exponentials, compiled from the patch file itself, equal libm's expf on a
-    sample of every float range (`python tests/perf/expf_exact.py --stride 1` checks all 2^32)."""
+@pytest.mark.parametrize("isa", ["native", "avx2"])
+def test_the_vector_expf_in_patch_0011_is_libms_expf(isa: str):
+    """Patch 0011's softmax exponentials (the AVX512 version on an AVX512 CPU, and the AVX2 one),
+    compiled from the patch file itself, equal libm's expf on a sample of every float range
+    (`python tests/perf/expf_exact.py --stride 1 [--isa avx2]` checks all 2^32)."""
     expf_exact = _expf_exact()
-    why = expf_exact.can_run()
+    why = expf_exact.can_run(isa)
     if why:
-        pytest.skip(f"cannot compile and run the AVX512 expf here: {why}")
-    ok, report = expf_exact.check(stride=4099)
+        pytest.skip(f"cannot compile and run the {isa} expf here: {why}")
+    ok, report = expf_exact.check(stride=4099, isa=isa)
     assert ok, report
     assert report.startswith("1047824 floats, 0 differ")

@@ -6,9 +6,10 @@ difference). This takes the code out of the patch file itself (the lines from it
 of `ggml_fa_expf16`), compiles it with a loop over float bit patterns and compares every result with
 libm's `expf`: `--stride 1` is all 2^32 floats (~35 s on one core), the default a sample for a test.
 
-    python tests/perf/expf_exact.py [--stride N] [--patch PATH]
+    python tests/perf/expf_exact.py [--stride N] [--isa native|avx2] [--patch PATH]
 
-Needs gcc and a CPU with AVX512F and AVX512DQ; says so and exits 2 otherwise.
+`--isa avx2` compiles the AVX2 + FMA version (x86-64-v3) instead of the machine's own (the AVX512 one
+on an AVX512 CPU). Needs g++ and a CPU with what the chosen version uses; says so and exits 2 otherwise.
 """
 
 from __future__ import annotations
@@ -65,7 +66,11 @@ def patch_code(patch: Path) -> str:
     return text[start:end]
 
 
-def can_run() -> str | None:
+ISA_FLAGS = {"native": ["-march=native"], "avx2": ["-march=x86-64-v3"]}
+ISA_CPU = {"native": ("avx512f", "avx512dq"), "avx2": ("avx2", "fma")}
+
+
+def can_run(isa: str = "native") -> str | None:
     """Why the check cannot run here, or None."""
     if shutil.which("g++") is None:
         return "no g++"
@@ -73,12 +78,13 @@ def can_run() -> str | None:
         flags = Path("/proc/cpuinfo").read_text()
     except OSError:
         return "no /proc/cpuinfo"
-    if not (re.search(r"\bavx512f\b", flags) and re.search(r"\bavx512dq\b", flags)):
-        return "the CPU lacks AVX512F/DQ"
+    missing = [f for f in ISA_CPU[isa] if not re.search(rf"\b{f}\b", flags)]
+    if missing:
+        return f"the CPU lacks {', '.join(missing)}"
     return None
 
 
-def check(stride: int, patch: Path | None = None) -> tuple[bool, str]:
+def check(stride: int, patch: Path | None = None, isa: str = "native") -> tuple[bool, str]:
     """Compile the patch's expf with a comparison loop and run it; (all equal, its report line)."""
     patch = patch or next(iter(sorted(PATCH.glob("0011-*.patch"))))
     source = "#include <immintrin.h>\n#include <math.h>\n#include <stdint.h>\n#include <string.h>\n"
@@ -86,7 +92,7 @@ def check(stride: int, patch: Path | None = None) -> tuple[bool, str]:
     with tempfile.TemporaryDirectory(prefix="specchat-expf-") as tmp:
         src, exe = Path(tmp) / "expf.cpp", Path(tmp) / "expf"
         src.write_text(source)
-        subprocess.run(["g++", "-O2", "-march=native", "-o", str(exe), str(src), "-lm"], check=True)
+        subprocess.run(["g++", "-O2", *ISA_FLAGS[isa], "-o", str(exe), str(src), "-lm"], check=True)
         done = subprocess.run([str(exe), str(stride)], capture_output=True, text=True, check=False)
     return done.returncode == 0, done.stdout.strip()
 
@@ -94,13 +100,14 @@ def check(stride: int, patch: Path | None = None) -> tuple[bool, str]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--stride", type=int, default=257, help="check every Nth float bit pattern (1: all)")
+    ap.add_argument("--isa", choices=sorted(ISA_FLAGS), default="native", help="which version to compile")
     ap.add_argument("--patch", type=Path, default=None)
     args = ap.parse_args()
-    why = can_run()
+    why = can_run(args.isa)
     if why:
         print(f"cannot check here: {why}")
         sys.exit(2)
-    ok, report = check(args.stride, args.patch)
+    ok, report = check(args.stride, args.patch, args.isa)
     print(report)
     sys.exit(0 if ok else 1)
 
