@@ -595,3 +595,31 @@ def test_serve_makes_every_llama_cpp_call_on_the_thread_that_loaded_the_models(t
     phases = {p for _, p in seen}
     assert phases == {"load", "serve"}, phases  # calibration decoded while loading, then the answer
     assert {t for t, _ in seen} == {threading.get_ident()}
+
+
+def test_an_idle_worker_on_the_main_thread_sees_a_ctrl_c_that_landed_on_another_thread():
+    """The kernel may hand a process's SIGINT to any thread; Python then runs its handler only when
+    the main thread runs bytecode again. `specchat serve` idles in Worker.run on the main thread, and
+    an unbounded Condition.wait there never returned: serve ignored that Ctrl-C (and a CI run hung).
+    Here the signal is sent to a helper thread on purpose; the handler must run and stop the worker."""
+    worker = Worker(FakeBackend(), queue_size=4)  # type: ignore[arg-type]
+    seen: list[int] = []
+
+    def on_signal(signum: int, _frame: object) -> None:
+        seen.append(signum)
+        worker.shutdown()
+
+    previous = signal.signal(signal.SIGINT, on_signal)
+    helper = threading.Thread(
+        target=lambda: (time.sleep(0.3), signal.pthread_kill(threading.get_ident(), signal.SIGINT))
+    )
+    try:
+        helper.start()
+        started = time.monotonic()
+        worker.run()  # returns once the handler has shut it down
+        took = time.monotonic() - started
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        helper.join()
+    assert seen == [signal.SIGINT]
+    assert took < 5

@@ -57,6 +57,8 @@ from .tools import prepare
 T = TypeVar("T")
 #: The most quick jobs (Worker.call) that may wait at once; beyond it they get 503 as generations do.
 QUICK_QUEUE = 64
+#: How long the idle loop sleeps between looks at its queue and at pending signal handlers (see _loop).
+IDLE_WAKE_SECONDS = 0.25
 
 
 class Backend(Engine, Tokenizer, Protocol):
@@ -282,7 +284,10 @@ class Worker:
             self._run_quick()
             with self._cond:
                 while not self._waiting and not self._quick and not self._stopping:
-                    self._cond.wait()
+                    # never an unbounded wait: `specchat serve` runs this loop on the main thread, and a
+                    # Ctrl-C the kernel hands to another thread runs Python's handler only once the main
+                    # thread runs bytecode again; blocked without a timeout, serve never saw it
+                    self._cond.wait(IDLE_WAKE_SECONDS)
                 if self._quick:
                     continue
                 if not self._waiting:
