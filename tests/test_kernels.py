@@ -12,10 +12,17 @@ from __future__ import annotations
 
 import ctypes
 import platform
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+PERF = Path(__file__).resolve().parent / "perf"
+if str(PERF) not in sys.path:
+    sys.path.insert(0, str(PERF))
+
+import expf_exact  # noqa: E402  (tests/perf/expf_exact.py: a script folder, imported as test_replay does)
 
 QK_K = 256
 BLOCK = 4 + QK_K + 2 * (QK_K // 16)  # block_q8_K: float d, int8 qs[256], int16 bsums[16]
@@ -71,24 +78,11 @@ def test_the_activation_quantiser_writes_the_reference_bytes():
         assert (quants != 0x5A).any()  # the reference wrote its quants: not two untouched buffers compared
 
 
-def _expf_exact():
-    """tests/perf/expf_exact.py, imported by path (tests/perf is a folder of scripts, not a package)."""
-    import importlib.util
-
-    path = Path(__file__).parent / "perf" / "expf_exact.py"
-    spec = importlib.util.spec_from_file_location("expf_exact", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.parametrize("isa", ["native", "avx2"])
 def test_the_vector_expf_in_patch_0011_is_libms_expf(isa: str):
     """Patch 0011's softmax exponentials (the AVX512 version on an AVX512 CPU, and the AVX2 one),
     compiled from the patch file itself, equal libm's expf on a sample of every float range
     (`python tests/perf/expf_exact.py --stride 1 [--isa avx2]` checks all 2^32)."""
-    expf_exact = _expf_exact()
     why = expf_exact.can_run(isa)
     if why:
         pytest.skip(f"cannot compile and run the {isa} expf here: {why}")

@@ -86,7 +86,7 @@ def can_run(isa: str = "native") -> str | None:
 
 def check(stride: int, patch: Path | None = None, isa: str = "native") -> tuple[bool, str]:
     """Compile the patch's expf with a comparison loop and run it; (all equal, its report line)."""
-    patch = patch or next(iter(sorted(PATCH.glob("0011-*.patch"))))
+    patch = patch or sorted(PATCH.glob("0011-*.patch"))[0]
     source = "#include <immintrin.h>\n#include <math.h>\n#include <stdint.h>\n#include <string.h>\n"
     source += patch_code(patch) + MAIN
     with tempfile.TemporaryDirectory(prefix="specchat-expf-") as tmp:
