@@ -1,5 +1,5 @@
-"""The installed llama.cpp's activation quantiser against ggml's reference one, byte for byte, and patch
-0011's vector expf against libm's.
+"""The installed llama.cpp's activation quantiser against ggml's reference one, byte for byte, patch
+0011's vector expf against libm's, and the several-rows repacked Q4_K kernel against the one-row GEMV.
 
 Patch 0009 vectorises quantize_row_q8_K (activations to Q8_K, the other side of every k-quant dot
 product) on x86. The invariance probe cannot catch a quantiser that is wrong the same way for one row
@@ -89,3 +89,52 @@ def test_the_vector_expf_in_patch_0011_is_libms_expf(isa: str):
     ok, report = expf_exact.check(stride=4099, isa=isa)
     assert ok, report
     assert report.startswith("1047824 floats, 0 differ")
+
+
+BLOCK_Q4_KX8 = 16 + 16 + 96 + 1024  # block_q4_Kx8: fp16 d[8], fp16 dmin[8], scales[96], qs[1024]
+
+
+def _bytes(values: np.ndarray, width: int) -> np.ndarray:
+    """Each row of values as `width` raw bytes (a field of a packed block)."""
+    return np.frombuffer(np.ascontiguousarray(values).tobytes(), np.uint8).reshape(-1, width)
+
+
+def _q4_kernels(cpu: ctypes.CDLL) -> tuple[object, object]:
+    try:
+        rows, one = cpu.ggml_gemv_q4_K_8x8_q8_K_rows, cpu.ggml_gemv_q4_K_8x8_q8_K
+    except AttributeError as exc:
+        pytest.skip(f"no several-rows Q4_K kernel in this build: {exc}")
+    ptr, i32 = ctypes.c_void_p, ctypes.c_int
+    args = [i32, ptr, ctypes.c_size_t, ptr, ptr, i32, i32]  # n, s, bs, vx, vy, nr, nc
+    for fn in (rows, one):
+        fn.argtypes, fn.restype = args, None
+    return rows, one
+
+
+@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="x86 code")
+@pytest.mark.parametrize("nrows", [2, 3, 4, 5, 8, 15, 16, 17])
+def test_the_several_rows_q4_K_kernel_gives_every_row_the_one_row_result(nrows: int):
+    """Patch 0006's kernel (with 0012's prefetch of the next column pair) on 72 columns (four 16-column
+    pairs, three of them prefetched ahead, and one 8-column group left over) equals the one-row GEMV
+    on every row, bit for bit; 2-3 rows take its 8-column loop, 17 rows a second block of rows."""
+    _, cpu = _libraries()
+    rows_kernel, one_row = _q4_kernels(cpu)
+    cpu.ggml_cpu_init()  # fills the fp16 table the kernels read their scales through
+    rng = np.random.default_rng(nrows)
+    n, ncols = 1536, 72
+    nb = n // QK_K
+    w = rng.integers(0, 256, (ncols // 8) * nb * BLOCK_Q4_KX8, dtype=np.uint8).reshape(-1, BLOCK_Q4_KX8)
+    w[:, :32] = _bytes(rng.uniform(1e-3, 2e-2, (len(w), 16)).astype(np.float16), 32)  # d and dmin
+    a = np.zeros((nrows * nb, BLOCK), dtype=np.uint8)
+    qs = rng.integers(-128, 128, (nrows * nb, QK_K), dtype=np.int8)
+    a[:, :4] = _bytes(rng.uniform(0.01, 0.1, nrows * nb).astype(np.float32), 4)  # d
+    a[:, 4 : 4 + QK_K] = qs.view(np.uint8)
+    a[:, 4 + QK_K :] = _bytes(qs.reshape(-1, 16, 16).sum(axis=2, dtype=np.int16), 32)  # bsums
+    got = np.full((nrows, ncols), np.nan, dtype=np.float32)
+    want = np.full((nrows, ncols), np.nan, dtype=np.float32)
+    vx, vy = w.ctypes.data, a.ctypes.data
+    rows_kernel(n, got.ctypes.data, ncols, vx, vy, nrows, ncols)
+    for r in range(nrows):
+        one_row(n, want[r].ctypes.data, ncols, vx, vy + r * nb * BLOCK, 1, ncols)
+    assert np.isfinite(want).all() and np.abs(want).max() > 0  # real results, not two untouched buffers
+    assert np.array_equal(got, want), f"rows differ: {sorted(set(np.nonzero(got != want)[0].tolist()))}"

@@ -1,0 +1,69 @@
+// Two builds of libggml-cpu in one process: their several-rows kernels (patch 0006's repacked Q4_K,
+// 0007-0008's Q6_K) alternated call by call on the same random weights, and the median time of each,
+// in nanoseconds per weight block and row, with whether the two builds' results are the same bytes.
+// A kernel-level A/B for a patch that only changes speed (0008's and 0012's prefetches): comparing
+// two processes on a small VM mixes the change with the machine's drift, alternating in one does not.
+// Large W streams the weights from memory, as a model does (1536 x 65536 repacked Q4_K is 57 MB);
+// small W keeps them in cache. Not a test. Build and run (A and B: two copies of libggml-cpu.so, e.g.
+// the installed wheel's and a build of the queue with one more patch):
+//   L=$(.venv/bin/python -c 'import llama_cpp, os; print(os.path.dirname(llama_cpp.__file__))')/lib
+//   gcc -O2 tests/perf/kernel_ab.c -o /tmp/kernel_ab -ldl
+//   LD_LIBRARY_PATH=$L /tmp/kernel_ab A/libggml-cpu.so B/libggml-cpu.so 1536 65536 16 15 [q6]
+// (arguments: the two libraries, the row length n, the weight columns W, the activation rows R <= 64,
+// the rounds, and q6 for the Q6_K kernel). Each library is dlopen'ed RTLD_LOCAL and initialised with
+// its own ggml_cpu_init(), which fills the fp16 table the kernels read their scales through.
+#include <dlfcn.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#define QK_K 256
+typedef uint16_t half;
+typedef struct { uint8_t ql[QK_K/2]; uint8_t qh[QK_K/4]; int8_t scales[QK_K/16]; half d; } block_q6_K;
+typedef struct { float d; int8_t qs[QK_K]; int16_t bsums[QK_K/16]; } block_q8_K;
+typedef struct { half d[8]; half dmin[8]; uint8_t scales[96]; uint8_t qs[1024]; } block_q4_Kx8;
+typedef void (*q4_rows_fn)(int, float *, size_t, const void *, const void *, int, int);
+typedef void (*q6_rows_fn)(int, float *, size_t, const void *, const void *, size_t, int);
+static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + t.tv_nsec * 1e-9; }
+static void fill(void * p, size_t n) { uint8_t * b = p; for (size_t i = 0; i < n; i++) b[i] = (uint8_t) rand(); }
+static int cmp(const void * a, const void * b) { double x = *(const double *) a, y = *(const double *) b; return x < y ? -1 : x > y; }
+int main(int argc, char ** argv) {
+  if (argc < 7) { fprintf(stderr, "usage: %s LIB_A LIB_B N W R ROUNDS [q6]\n", argv[0]); return 2; }
+  const int n = atoi(argv[3]), R = atoi(argv[5]), rounds = atoi(argv[6]), q6 = argc > 7 && !strcmp(argv[7], "q6");
+  const long W = atol(argv[4]);
+  if (n % QK_K || W % 16 || R < 1 || R > 64 || rounds < 1) { fprintf(stderr, "N a multiple of 256, W of 16, 1 <= R <= 64\n"); return 2; }
+  q4_rows_fn q4[2]; q6_rows_fn q6k[2];
+  for (int i = 0; i < 2; i++) {
+    void * h = dlopen(argv[1 + i], RTLD_NOW | RTLD_LOCAL);
+    if (!h) { fprintf(stderr, "%s\n", dlerror()); return 1; }
+    ((void (*)(void)) dlsym(h, "ggml_cpu_init"))();
+    q4[i] = (q4_rows_fn) dlsym(h, "ggml_gemv_q4_K_8x8_q8_K_rows");
+    q6k[i] = (q6_rows_fn) dlsym(h, "ggml_vec_dot_q6_K_q8_K_rows");
+    if (!(q6 ? (void *) q6k[i] : (void *) q4[i])) { fprintf(stderr, "%s: no several-rows kernel\n", argv[1 + i]); return 1; }
+  }
+  const int nb = n / QK_K;
+  const size_t sz = q6 ? sizeof(block_q6_K) * nb * W : sizeof(block_q4_Kx8) * nb * W / 8;
+  void * x = aligned_alloc(64, (sz + 63) / 64 * 64); fill(x, sz);
+  if (q6) { block_q6_K * b = x; for (long i = 0; i < (long) nb * W; i++) b[i].d = 0x3c00 ^ (i % 7); }
+  else { block_q4_Kx8 * b = x; for (long i = 0; i < (long) nb * W / 8; i++) for (int j = 0; j < 8; j++) { b[i].d[j] = 0x3c00 ^ (j + i % 3); b[i].dmin[j] = 0x3800 ^ (j + i % 5); } }
+  block_q8_K * y = aligned_alloc(64, sizeof(block_q8_K) * nb * R); fill(y, sizeof(block_q8_K) * nb * R);
+  for (int i = 0; i < nb * R; i++) { y[i].d = 0.01f * (1 + i % 7); for (int j = 0; j < 16; j++) { int s = 0; for (int k = 0; k < 16; k++) s += y[i].qs[j * 16 + k]; y[i].bsums[j] = s; } }
+  float * out[2] = { malloc(sizeof(float) * R * W), malloc(sizeof(float) * R * W) };
+  double * t = malloc(sizeof(double) * 2 * rounds);
+  for (int it = 0; it < rounds; it++) {
+    for (int j = 0; j < 2; j++) {
+      const int k = it % 2 ? 1 - j : j;  // A first in even rounds, B first in odd ones
+      const double t0 = now();
+      if (q6) { for (long w = 0; w < W; w++) q6k[k](n, &out[k][w], W, (const block_q6_K *) x + w * nb, y, sizeof(block_q8_K) * nb, R); }
+      else { q4[k](n, out[k], W, x, y, R, W); }
+      t[k * rounds + it] = (now() - t0) / (q6 ? W : W / 8) / R / nb * 1e9;
+    }
+  }
+  const int same = memcmp(out[0], out[1], sizeof(float) * R * W) == 0;
+  qsort(t, rounds, sizeof(double), cmp); qsort(t + rounds, rounds, sizeof(double), cmp);
+  const double a = t[rounds / 2], b = t[rounds + rounds / 2];
+  printf("%s n=%d W=%ld (%.0f MB) R=%d: A %.2f  B %.2f ns per %s and row (medians of %d), B/A %.3f, %s\n", q6 ? "Q6_K" : "Q4_K",
+         n, W, sz / 1e6, R, a, b, q6 ? "superblock" : "8-column block", rounds, b / a, same ? "same results" : "RESULTS DIFFER");
+  return same ? 0 : 1;
+}
