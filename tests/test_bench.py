@@ -421,6 +421,17 @@ def test_cli_json_schema(tiny_pair, tmp_path):
     assert {s["config"] for s in doc["summary"]} == set(configs)
 
 
+def test_a_speedup_cell_shows_the_figure_that_save_writes():
+    """0.66498 alone would print as 0.66, but --save keeps 0.665, which prints as 0.67: the table is
+    formatted from the saved 4-decimal figure so the two never disagree (a CI run once caught it)."""
+    from specchat.cli.bench_report import _x
+
+    for x in (0.66498, 0.665, 1.23456, 0.99996, 2.0):
+        assert _x(x).plain == f"{round(x, 4):.2f}×"
+    assert _x(0.66498).plain == "0.67×"
+    assert _x(None).plain == "–"
+
+
 def test_cli_report_has_table_chart_audit_and_prediction(tiny_pair, tmp_path):
     target, draft = (str(p) for p in tiny_pair)
     saved = tmp_path / "bench.json"
