@@ -12,6 +12,15 @@ from .audit import first_difference
 from .measure import Measurement
 from .suite import Config
 
+#: decimals a speedup (a ratio to plain decoding) keeps in the saved JSON; the report draws its cells
+#: from the same rounded figure, so a table and `--save` never disagree in the last digit shown
+RATIO_DECIMALS = 4
+
+
+def saved_ratio(x: float | None) -> float | None:
+    """A speedup as `--save` writes it (and the report shows it): rounded to RATIO_DECIMALS."""
+    return None if x is None else round(x, RATIO_DECIMALS)
+
 
 def rates(accepted: Sequence[int], drafted: Sequence[int]) -> tuple[float, ...]:
     return tuple(a / d if d else 0.0 for a, d in zip(accepted, drafted, strict=False))
@@ -82,7 +91,7 @@ class Cell:
             "runs_tokens_per_second": [round(v, 3) for v in self.runs_tokens_per_second],
             "decode_seconds": round(self.decode_seconds, 6),
             "generated_tokens": self.generated_tokens,
-            "speedup": None if self.speedup is None else round(self.speedup, 4),
+            "speedup": saved_ratio(self.speedup),
             "acceptance_rate": round(self.acceptance_rate, 4),
             "tokens_per_pass": round(self.tokens_per_pass, 4),
             "mean_k": round(self.mean_k, 3),
@@ -93,7 +102,7 @@ class Cell:
             "drafted_by_position": list(self.drafted_by_position),
             "matches_plain": self.matches_plain,
             "first_divergence": self.first_divergence,
-            "vs_best_fixed": None if self.vs_best_fixed is None else round(self.vs_best_fixed, 4),
+            "vs_best_fixed": saved_ratio(self.vs_best_fixed),
             "best_fixed": self.best_fixed,
         }
 
@@ -143,7 +152,7 @@ class Summary:
     geomean_vs_best_fixed: float | None
 
     def to_dict(self) -> dict[str, Any]:
-        def r(v: float | None, n: int = 4) -> float | None:
+        def r(v: float | None, n: int = RATIO_DECIMALS) -> float | None:
             return None if v is None else round(v, n)
 
         return {

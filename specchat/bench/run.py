@@ -36,7 +36,7 @@ from ..errors import BadInput
 from .audit import TIE_TOLERANCE, Audit, Divergence, audit_output, find_divergences
 from .measure import Measurement, generate_once, planner_factory
 from .predict import Prediction, predict_drafters
-from .results import Cell, Summary, make_cell, summarize
+from .results import Cell, Summary, make_cell, saved_ratio, summarize
 from .suite import Config, PreparedPrompt, drafter_labels
 
 SCHEMA = "specchat.bench/1"
@@ -68,7 +68,7 @@ class RefCell:
             "prompt": self.prompt,
             "name": self.name,
             "tokens_per_second": round(self.tokens_per_second, 3),
-            "speedup": None if self.speedup is None else round(self.speedup, 4),
+            "speedup": saved_ratio(self.speedup),
             "acceptance_rate": round(self.acceptance_rate, 4),
             "runs": [round(r, 3) for r in self.runs],
         }

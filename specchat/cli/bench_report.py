@@ -14,6 +14,8 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
+from ..bench.results import saved_ratio
+
 if TYPE_CHECKING:
     from ..bench.run import BenchResult
 
@@ -28,11 +30,12 @@ def _speed_style(x: float | None) -> str:
 
 
 def _x(x: float | None) -> Text:
-    """A speedup cell, formatted from the 4-decimal figure `--save` writes, so that a table and the
-    saved JSON never disagree in the last digit (0.66498 rounds to 0.66, but its saved 0.665 to 0.67)."""
-    if x is None:
+    """A speedup cell, formatted from the figure `--save` writes (`saved_ratio`), so that a table and
+    the saved JSON never disagree in the last digit (0.66498 rounds to 0.66, but its saved 0.665 to 0.67)."""
+    saved = saved_ratio(x)
+    if saved is None:
         return Text("–", style="dim")
-    return Text(f"{round(x, 4):.2f}×", style=_speed_style(x))
+    return Text(f"{saved:.2f}×", style=_speed_style(x))
 
 
 def _positions(rates: tuple[float, ...], n: int = 6) -> str:
