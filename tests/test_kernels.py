@@ -28,7 +28,9 @@ QK_K = 256
 BLOCK = 4 + QK_K + 2 * (QK_K // 16)  # block_q8_K: float d, int8 qs[256], int16 bsums[16]
 
 
-def _libraries() -> tuple[ctypes.CDLL, ctypes.CDLL]:
+def _libraries(*cpu_symbols: str) -> tuple[ctypes.CDLL, ctypes.CDLL]:
+    """The installed libggml-base and libggml-cpu, skipping the test where they lack both quantisers,
+    ggml_cpu_init or any of `cpu_symbols` (not a CPU build of ggml, or one without that kernel)."""
     import llama_cpp
 
     lib = Path(llama_cpp.__file__).parent / "lib"
@@ -36,10 +38,10 @@ def _libraries() -> tuple[ctypes.CDLL, ctypes.CDLL]:
         base = ctypes.CDLL(str(lib / "libggml-base.so"))
         cpu = ctypes.CDLL(str(lib / "libggml-cpu.so"))
         wanted = ((cpu, "quantize_row_q8_K"), (base, "quantize_row_q8_K_ref"), (cpu, "ggml_cpu_init"))
-        for dll, name in wanted:
+        for dll, name in (*wanted, *((cpu, name) for name in cpu_symbols)):
             getattr(dll, name)
     except (OSError, AttributeError) as exc:
-        pytest.skip(f"no CPU ggml with both quantisers in {lib}: {exc}")
+        pytest.skip(f"no CPU ggml with the kernels this test needs in {lib}: {exc}")
     return base, cpu
 
 
@@ -100,10 +102,8 @@ def _bytes(values: np.ndarray, width: int) -> np.ndarray:
 
 
 def _q4_kernels(cpu: ctypes.CDLL) -> tuple[object, object]:
-    try:
-        rows, one = cpu.ggml_gemv_q4_K_8x8_q8_K_rows, cpu.ggml_gemv_q4_K_8x8_q8_K
-    except AttributeError as exc:
-        pytest.skip(f"no several-rows Q4_K kernel in this build: {exc}")
+    """The several-rows and the one-row repacked Q4_K kernels, typed for ctypes."""
+    rows, one = cpu.ggml_gemv_q4_K_8x8_q8_K_rows, cpu.ggml_gemv_q4_K_8x8_q8_K
     ptr, i32 = ctypes.c_void_p, ctypes.c_int
     args = [i32, ptr, ctypes.c_size_t, ptr, ptr, i32, i32]  # n, s, bs, vx, vy, nr, nc
     for fn in (rows, one):
@@ -117,7 +117,7 @@ def test_the_several_rows_q4_K_kernel_gives_every_row_the_one_row_result(nrows: 
     """Patch 0006's kernel (with 0012's prefetch of the next column pair) on 72 columns (four 16-column
     pairs, three of them prefetched ahead, and one 8-column group left over) equals the one-row GEMV
     on every row, bit for bit; 2-3 rows take its 8-column loop, 17 rows a second block of rows."""
-    _, cpu = _libraries()
+    _, cpu = _libraries("ggml_gemv_q4_K_8x8_q8_K_rows", "ggml_gemv_q4_K_8x8_q8_K")
     rows_kernel, one_row = _q4_kernels(cpu)
     cpu.ggml_cpu_init()  # fills the fp16 table the kernels read their scales through
     rng = np.random.default_rng(nrows)
