@@ -13,20 +13,11 @@
 // the rounds, and q6 for the Q6_K kernel). Each library is dlopen'ed RTLD_LOCAL and initialised with
 // its own ggml_cpu_init(), which fills the fp16 table the kernels read their scales through.
 #include <dlfcn.h>
-#include <stdint.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-#include <time.h>
-#define QK_K 256
-typedef uint16_t half;
-typedef struct { uint8_t ql[QK_K/2]; uint8_t qh[QK_K/4]; int8_t scales[QK_K/16]; half d; } block_q6_K;
-typedef struct { float d; int8_t qs[QK_K]; int16_t bsums[QK_K/16]; } block_q8_K;
-typedef struct { half d[8]; half dmin[8]; uint8_t scales[96]; uint8_t qs[1024]; } block_q4_Kx8;
+#include "kernel_blocks.h"
 typedef void (*q4_rows_fn)(int, float *, size_t, const void *, const void *, int, int);
 typedef void (*q6_rows_fn)(int, float *, size_t, const void *, const void *, size_t, int);
-static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + t.tv_nsec * 1e-9; }
-static void fill(void * p, size_t n) { uint8_t * b = p; for (size_t i = 0; i < n; i++) b[i] = (uint8_t) rand(); }
 static int cmp(const void * a, const void * b) { double x = *(const double *) a, y = *(const double *) b; return x < y ? -1 : x > y; }
 int main(int argc, char ** argv) {
   if (argc < 7) { fprintf(stderr, "usage: %s LIB_A LIB_B N W R ROUNDS [q6]\n", argv[0]); return 2; }
@@ -44,11 +35,9 @@ int main(int argc, char ** argv) {
   }
   const int nb = n / QK_K;
   const size_t sz = q6 ? sizeof(block_q6_K) * nb * W : sizeof(block_q4_Kx8) * nb * W / 8;
-  void * x = aligned_alloc(64, (sz + 63) / 64 * 64); fill(x, sz);
-  if (q6) { block_q6_K * b = x; for (long i = 0; i < (long) nb * W; i++) b[i].d = 0x3c00 ^ (i % 7); }
-  else { block_q4_Kx8 * b = x; for (long i = 0; i < (long) nb * W / 8; i++) for (int j = 0; j < 8; j++) { b[i].d[j] = 0x3c00 ^ (j + i % 3); b[i].dmin[j] = 0x3800 ^ (j + i % 5); } }
-  block_q8_K * y = aligned_alloc(64, sizeof(block_q8_K) * nb * R); fill(y, sizeof(block_q8_K) * nb * R);
-  for (int i = 0; i < nb * R; i++) { y[i].d = 0.01f * (1 + i % 7); for (int j = 0; j < 16; j++) { int s = 0; for (int k = 0; k < 16; k++) s += y[i].qs[j * 16 + k]; y[i].bsums[j] = s; } }
+  void * x = aligned_alloc(64, (sz + 63) / 64 * 64);
+  if (q6) { random_q6_K(x, (long) nb * W); } else { random_q4_Kx8(x, (long) nb * W / 8); }
+  block_q8_K * y = aligned_alloc(64, sizeof(block_q8_K) * nb * R); random_q8_K(y, (long) nb * R);
   float * out[2] = { malloc(sizeof(float) * R * W), malloc(sizeof(float) * R * W) };
   double * t = malloc(sizeof(double) * 2 * rounds);
   for (int it = 0; it < rounds; it++) {

@@ -12,15 +12,9 @@
 // every scale reads as 0, every result is 0, and "same" says nothing).
 #include <stdio.h>
 #include <stdlib.h>
-#include <stdint.h>
 #include <string.h>
-#include <time.h>
 #include <math.h>
-#define QK_K 256
-typedef uint16_t half;
-typedef struct { uint8_t ql[QK_K/2]; uint8_t qh[QK_K/4]; int8_t scales[QK_K/16]; half d; } block_q6_K;
-typedef struct { float d; int8_t qs[QK_K]; int16_t bsums[QK_K/16]; } block_q8_K;
-typedef struct { half d[8]; half dmin[8]; uint8_t scales[96]; uint8_t qs[1024]; } block_q4_Kx8;
+#include "kernel_blocks.h"
 void ggml_vec_dot_q6_K_q8_K(int n, float * s, size_t bs, const void * vx, size_t bx, const void * vy, size_t by, int nrc);
 void ggml_vec_dot_q6_K_q8_K_rows(int n, float * s, size_t bs, const void * vx, const void * vy, size_t by, int nrc);
 void ggml_gemv_q4_K_8x8_q8_K(int n, float * s, size_t bs, const void * vx, const void * vy, int nr, int nc);
@@ -28,17 +22,12 @@ void ggml_gemv_q4_K_8x8_q8_K_rows(int n, float * s, size_t bs, const void * vx, 
 void quantize_row_q8_K(const float * x, void * y, int64_t k);
 void quantize_row_q8_K_ref(const float * x, block_q8_K * y, int64_t k);
 void ggml_cpu_init(void);
-static double now(void){struct timespec t; clock_gettime(CLOCK_MONOTONIC,&t); return t.tv_sec+t.tv_nsec*1e-9;}
-static void fill(void*p,size_t n){uint8_t*b=p; for(size_t i=0;i<n;i++) b[i]=(uint8_t)(rand());}
 int main(void){
   ggml_cpu_init();
   const int n=1536, nb=n/QK_K, W=72; // 72 weight rows (Q6_K) / 72 columns (Q4_K): ~90 KB
-  block_q6_K *x6=aligned_alloc(64,sizeof(block_q6_K)*nb*W); fill(x6,sizeof(block_q6_K)*nb*W);
-  for(int i=0;i<nb*W;i++) x6[i].d=0x3c00^(i%7);
-  block_q4_Kx8 *x4=aligned_alloc(64,sizeof(block_q4_Kx8)*nb*W/8); fill(x4,sizeof(block_q4_Kx8)*nb*W/8);
-  for(int i=0;i<nb*W/8;i++) for(int j=0;j<8;j++){x4[i].d[j]=0x3c00^(j+i%3);x4[i].dmin[j]=0x3800^(j+i%5);}
-  block_q8_K *y=aligned_alloc(64,sizeof(block_q8_K)*nb*16); fill(y,sizeof(block_q8_K)*nb*16);
-  for(int i=0;i<nb*16;i++){y[i].d=0.01f*(1+i%7); for(int j=0;j<16;j++){int s=0; for(int k=0;k<16;k++) s+=y[i].qs[j*16+k]; y[i].bsums[j]=s;}}
+  block_q6_K *x6=aligned_alloc(64,sizeof(block_q6_K)*nb*W); random_q6_K(x6,nb*W);
+  block_q4_Kx8 *x4=aligned_alloc(64,sizeof(block_q4_Kx8)*nb*W/8); random_q4_Kx8(x4,nb*W/8);
+  block_q8_K *y=aligned_alloc(64,sizeof(block_q8_K)*nb*16); random_q8_K(y,nb*16);
   float out[16*72]; float ref[16*72];
   int sizes[]={1,2,4,8,16};
   for(int si=0;si<5;si++){int R=sizes[si];
@@ -70,7 +59,8 @@ int main(void){
         if(trial%4==1) v=(float)(rand()%21-10)*0.5f;          /* ties after scaling */
         if(trial%4==2 && (i/QK_K)%3==0) v=0.0f;                /* all-zero blocks */
         if(trial%4==3 && i%QK_K==9) v=-v-100.0f;               /* one large value per block */
-        if(trial%4==3 && i%QK_K==200) v=100.0f+fabsf(xf[i-191]+100.0f); xf[i]=v; }
+        if(trial%4==3 && i%QK_K==200) v=100.0f+fabsf(xf[i-191]+100.0f);
+        xf[i]=v; }
       memset(qa,0x5a,sizeof(block_q8_K)*k/QK_K); memset(qb,0x5a,sizeof(block_q8_K)*k/QK_K);
       quantize_row_q8_K_ref(xf,qa,k); quantize_row_q8_K(xf,qb,k);
       bad+=memcmp(qa,qb,sizeof(block_q8_K)*k/QK_K)!=0;
