@@ -1,5 +1,6 @@
 """The installed llama.cpp's activation quantiser against ggml's reference one, byte for byte, patch
-0011's vector expf against libm's, and the several-rows repacked Q4_K kernel against the one-row GEMV.
+0011's vector expf against libm's, the several-rows repacked Q4_K kernel against the one-row GEMV, and
+patch 0013's repacked Q6_K kernel against itself one row at a time and against vec_dot.
 
 Patch 0009 vectorises quantize_row_q8_K (activations to Q8_K, the other side of every k-quant dot
 product) on x86. The invariance probe cannot catch a quantiser that is wrong the same way for one row
@@ -138,3 +139,62 @@ def test_the_several_rows_q4_K_kernel_gives_every_row_the_one_row_result(nrows: 
         one_row(n, want[r].ctypes.data, ncols, vx, vy + r * nb * BLOCK, 1, ncols)
     assert np.isfinite(want).all() and np.abs(want).max() > 0  # real results, not two untouched buffers
     assert np.array_equal(got, want), f"rows differ: {sorted(set(np.nonzero(got != want)[0].tolist()))}"
+
+
+BLOCK_Q6_K = 128 + 64 + 16 + 2  # block_q6_K: ql[128], qh[64], int8 scales[16], fp16 d
+
+
+def _q6_K_blocks(rng: np.random.Generator, ncols: int, nb: int) -> np.ndarray:
+    """Random Q6_K blocks (ncols x nb x BLOCK_Q6_K bytes): any 6-bit values and int8 scales, small d."""
+    w = rng.integers(0, 256, (ncols, nb, BLOCK_Q6_K), dtype=np.uint8)
+    w[:, :, 208:] = _bytes(rng.uniform(1e-3, 1e-2, (ncols, nb)).astype(np.float16), 2).reshape(ncols, nb, 2)
+    return w
+
+
+def _repack_q6_K_8x8(w: np.ndarray) -> np.ndarray:
+    """llama.cpp's make_block_q6_Kx8 with 8-byte interleave, in numpy: per 8 columns and superblock,
+    fp16 d[8], scales[16 x 8] (sub block major), then ql and qh taken 8 bytes from each column in turn."""
+    ncols, nb, _ = w.shape
+    g = w.reshape(ncols // 8, 8, nb, BLOCK_Q6_K).transpose(0, 2, 1, 3)  # group, superblock, column, byte
+    ql = g[..., :128].reshape(*g.shape[:3], 16, 8).transpose(0, 1, 3, 2, 4)
+    qh = g[..., 128:192].reshape(*g.shape[:3], 8, 8).transpose(0, 1, 3, 2, 4)
+    scales = g[..., 192:208].transpose(0, 1, 3, 2)
+    parts = (g[..., 208:], scales, ql, qh)
+    return np.concatenate([p.reshape(ncols // 8, nb, -1) for p in parts], axis=2).reshape(-1)
+
+
+@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="x86 code")
+@pytest.mark.parametrize("nrows", [1, 2, 3, 4, 5, 8, 15, 16, 17, 33])
+def test_the_repacked_q6_K_kernel_gives_every_row_the_one_row_result(nrows: int):
+    """Patch 0013: repacked Q6_K takes ggml_gemv_q6_K_8x8_q8_K_rows for every row count (an 8-column
+    kernel below 4 rows, a 16-column one from 4). On 72 columns (four 16-column pairs and one group
+    left over), every row of a batch equals that row alone bit for bit, and the values are vec_dot's
+    on the unrepacked blocks up to float rounding (so the layout is read as llama.cpp repacks it)."""
+    _, cpu = _libraries("ggml_gemv_q6_K_8x8_q8_K_rows", "ggml_vec_dot_q6_K_q8_K")
+    ptr, i32, size = ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t
+    rows_kernel, vec_dot = cpu.ggml_gemv_q6_K_8x8_q8_K_rows, cpu.ggml_vec_dot_q6_K_q8_K
+    rows_kernel.argtypes, rows_kernel.restype = [i32, ptr, size, ptr, ptr, i32, i32], None
+    vec_dot.argtypes, vec_dot.restype = [i32, ptr, size, ptr, size, ptr, size, i32], None
+    cpu.quantize_row_q8_K.argtypes, cpu.quantize_row_q8_K.restype = [ptr, ptr, ctypes.c_int64], None
+    cpu.ggml_cpu_init()
+    rng = np.random.default_rng(100 + nrows)
+    n, ncols = 1536, 72
+    nb = n // QK_K
+    w = _q6_K_blocks(rng, ncols, nb)
+    packed = _repack_q6_K_8x8(w)
+    x = ((rng.random((nrows, n), dtype=np.float32) - 0.5) * 4).astype(np.float32)
+    a = np.zeros((nrows, nb * BLOCK), dtype=np.uint8)
+    for r in range(nrows):
+        cpu.quantize_row_q8_K(x[r].ctypes.data, a[r].ctypes.data, n)
+    got = np.full((nrows, ncols), np.nan, dtype=np.float32)
+    one = np.full((nrows, ncols), np.nan, dtype=np.float32)
+    ref = np.full((nrows, ncols), np.nan, dtype=np.float32)
+    rows_kernel(n, got.ctypes.data, ncols, packed.ctypes.data, a.ctypes.data, nrows, ncols)
+    for r in range(nrows):
+        rows_kernel(n, one[r].ctypes.data, ncols, packed.ctypes.data, a[r].ctypes.data, 1, ncols)
+        for c in range(ncols):
+            vec_dot(n, ref[r, c:].ctypes.data, 0, w[c].ctypes.data, 0, a[r].ctypes.data, 0, 1)
+    assert np.isfinite(one).all() and np.abs(one).max() > 0  # real results, not untouched buffers
+    assert np.array_equal(got, one), f"rows differ: {sorted(set(np.nonzero(got != one)[0].tolist()))}"
+    gap = np.abs(one - ref).max() / np.abs(ref).max()
+    assert gap <= 1e-5, f"not vec_dot's values: largest difference {gap:.2e} of the largest value"
