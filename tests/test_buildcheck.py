@@ -109,7 +109,7 @@ def test_the_real_probe_passes_on_this_machine():
     result = buildcheck.run_check(store=False)
     assert result.status == PASS, result.detail
     types = {c["type"] for c in result.cases}
-    assert types == {"Q4_0", "Q8_0", "Q4_K"}
+    assert types == set(buildcheck.PROBE_TYPES) == {"Q4_0", "Q8_0", "Q4_K", "Q6_K"}
     if platform.machine() in ("x86_64", "AMD64") and "avx2" in build.cpu_flags(build.read_cpuinfo()):
         assert "CPU_REPACK" in result.buffers  # the probe reached the repacked kernels
 

@@ -5,7 +5,7 @@ Why: a build can pass every test with tiny float models and still die on its fir
 llama.cpp's CPU backend moves quantised weights into "extra buffer types" (CPU_REPACK; AMX on Xeons
 built with -march=native), whose kernels only run for quantised tensors of certain shapes; on a VM whose
 hypervisor does not keep AMX state the AMX path computes garbage and then dies of SIGILL. So the probe
-writes a tiny llama GGUF whose weights are Q4_0, Q8_0 and Q4_K with shapes those kernels accept
+writes a tiny llama GGUF whose weights are Q4_0, Q8_0, Q4_K and Q6_K with shapes those kernels accept
 (see `PROBE_SHAPES`), evaluates it with extra buffers on at 1 row (GEMV) and 16 rows (GEMM, AMX tiles)
 and compares with the same model loaded without extra buffers (the plain ggml kernels).
 
@@ -46,7 +46,7 @@ from ..errors import EngineError
 from . import build, child, invariance
 from .probe_model import PROBE_SHAPES, write_probe_gguf
 
-CHECK_NAME = "quantised-matmul self-check (Q4_0, Q8_0, Q4_K through llama.cpp's CPU extra buffers)"
+CHECK_NAME = "quantised-matmul self-check (Q4_0, Q8_0, Q4_K, Q6_K through llama.cpp's CPU extra buffers)"
 PASS, WRONG, CRASHED, NOT_RUN = "pass", "wrong numbers", "crashed", "could not run"
 BAD = frozenset({WRONG, CRASHED})
 
@@ -59,7 +59,8 @@ BAD = frozenset({WRONG, CRASHED})
 TOLERANCE = 0.25
 PROBE_TIMEOUT = 180.0
 PROBE_ROWS = 16
-PROBE_TYPES = ("Q4_0", "Q8_0", "Q4_K")
+#: Q6_K: patch 0013 repacks it on x86 with AVX512 VNNI (its own kernel for every row count)
+PROBE_TYPES = ("Q4_0", "Q8_0", "Q4_K", "Q6_K")
 
 _SIGNAL_EXIT = 128  # a shell reports "killed by signal N" as 128 + N
 #: signals that mean the build itself failed (not all exist on Windows)
