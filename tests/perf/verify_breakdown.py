@@ -35,7 +35,8 @@ GROUPS: tuple[tuple[str, str], ...] = (
     ("thread waits", r"libgomp|ggml_barrier|sched_yield"),
     ("norms, rope, glu, adds", r"rms_norm|rope|swiglu|glu|add|mul_f32|get_rows|cpy|scale"),
     # a wheel's libggml-cpu keeps no names for its static functions: patch 0005's grouped attention
-    # kernel is the bulk of these (a build with symbols shows it by name, under "attention")
+    # kernel and, on AVX512 VNNI builds, patch 0013's repacked Q6_K kernels (the static helpers of
+    # ggml_gemv_q6_K_8x8_q8_K_rows) are the bulk of these; a build with symbols shows them by name
     ("unnamed ggml-cpu", r"libggml-cpu\S* 0x[0-9a-f]+[\s-]*$"),  # perf may pad the line with "-  -"
 )
 
