@@ -167,7 +167,7 @@ def _repack_q6_K_8x8(w: np.ndarray) -> np.ndarray:
 @pytest.mark.parametrize("nrows", [1, 2, 3, 4, 5, 8, 15, 16, 17, 33])
 def test_the_repacked_q6_K_kernel_gives_every_row_the_one_row_result(nrows: int):
     """Patch 0013: repacked Q6_K takes ggml_gemv_q6_K_8x8_q8_K_rows for every row count (an 8-column
-    kernel below 4 rows, a 16-column one from 4). On 72 columns (four 16-column pairs and one group
+    kernel up to 16 rows, a 16-column one past 16). On 72 columns (four 16-column pairs and one group
     left over), every row of a batch equals that row alone bit for bit, and the values are vec_dot's
     on the unrepacked blocks up to float rounding (so the layout is read as llama.cpp repacks it)."""
     _, cpu = _libraries("ggml_gemv_q6_K_8x8_q8_K_rows", "ggml_vec_dot_q6_K_q8_K")
