@@ -11,20 +11,24 @@
 // small W keeps them in cache. Not a test. Build and run (A and B: two copies of libggml-cpu.so, e.g.
 // the installed wheel's and a build of the queue with one more patch):
 //   L=$(.venv/bin/python -c 'import llama_cpp, os; print(os.path.dirname(llama_cpp.__file__))')/lib
-//   gcc -O2 tests/perf/kernel_ab.c -o /tmp/kernel_ab -ldl
+//   gcc -O2 tests/perf/kernel_ab.c -o /tmp/kernel_ab -ldl -lm
 //   LD_LIBRARY_PATH=$L /tmp/kernel_ab A/libggml-cpu.so B/libggml-cpu.so 1536 65536 16 15 [q6|q6r]
 // (arguments: the two libraries, the row length n, the weight columns W, the activation rows R <= 64,
-// the rounds, and q6 for the Q6_K kernel, q6r for 0007's against 0013's). Each library is dlopen'ed RTLD_LOCAL and initialised with
-// its own ggml_cpu_init(), which fills the fp16 table the kernels read their scales through.
+// the rounds, and q6 for the Q6_K kernel, q6r for 0007's against 0013's). Each library is dlopen'ed
+// RTLD_LOCAL and initialised with its own ggml_cpu_init(), which fills the fp16 table the kernels read
+// their scales through.
 #include <dlfcn.h>
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 #include "kernel_blocks.h"
-typedef void (*q4_rows_fn)(int, float *, size_t, const void *, const void *, int, int);
+// the repacked GEMVs' signature (0006's Q4_K, 0013's Q6_K), and 0007's several-rows vec_dot's
+typedef void (*gemv_rows_fn)(int, float *, size_t, const void *, const void *, int, int);
 typedef void (*q6_rows_fn)(int, float *, size_t, const void *, const void *, size_t, int);
+// largest |a - b| over the largest |a|
 static double rel_gap(const float * a, const float * b, long n) {
   double gap = 0, top = 0;
-  for (long i = 0; i < n; i++) { const double d = a[i] > b[i] ? a[i] - b[i] : b[i] - a[i]; gap = d > gap ? d : gap; top = (a[i] > 0 ? a[i] : -a[i]) > top ? (a[i] > 0 ? a[i] : -a[i]) : top; }
+  for (long i = 0; i < n; i++) { gap = fmax(gap, fabs((double) a[i] - b[i])); top = fmax(top, fabs((double) a[i])); }
   return gap / top;
 }
 static int cmp(const void * a, const void * b) { double x = *(const double *) a, y = *(const double *) b; return x < y ? -1 : x > y; }
@@ -34,15 +38,15 @@ int main(int argc, char ** argv) {
   const int q6r = argc > 7 && !strcmp(argv[7], "q6r"), q6 = q6r || (argc > 7 && !strcmp(argv[7], "q6"));
   const long W = atol(argv[4]);
   if (n % QK_K || W % 16 || R < 1 || R > 64 || rounds < 1) { fprintf(stderr, "N a multiple of 256, W of 16, 1 <= R <= 64\n"); return 2; }
-  q4_rows_fn q4[2]; q6_rows_fn q6k[2];
+  gemv_rows_fn q4[2], q6x = NULL; q6_rows_fn q6k[2];
   for (int i = 0; i < 2; i++) {
     void * h = dlopen(argv[1 + i], RTLD_NOW | RTLD_LOCAL);
     if (!h) { fprintf(stderr, "%s\n", dlerror()); return 1; }
     ((void (*)(void)) dlsym(h, "ggml_cpu_init"))();
-    q4[i] = (q4_rows_fn) dlsym(h, "ggml_gemv_q4_K_8x8_q8_K_rows");
+    q4[i] = (gemv_rows_fn) dlsym(h, "ggml_gemv_q4_K_8x8_q8_K_rows");
     q6k[i] = (q6_rows_fn) dlsym(h, "ggml_vec_dot_q6_K_q8_K_rows");
-    if (q6r && i == 1) q4[i] = (q4_rows_fn) dlsym(h, "ggml_gemv_q6_K_8x8_q8_K_rows");  // same signature
-    const void * need = q6r ? (i ? (void *) q4[i] : (void *) q6k[i]) : q6 ? (void *) q6k[i] : (void *) q4[i];
+    if (q6r && i == 1) q6x = (gemv_rows_fn) dlsym(h, "ggml_gemv_q6_K_8x8_q8_K_rows");
+    const void * need = q6r && i == 1 ? (void *) q6x : q6 ? (void *) q6k[i] : (void *) q4[i];
     if (!need) { fprintf(stderr, "%s: no several-rows kernel\n", argv[1 + i]); return 1; }
   }
   const int nb = n / QK_K;
@@ -58,7 +62,7 @@ int main(int argc, char ** argv) {
     for (int j = 0; j < 2; j++) {
       const int k = it % 2 ? 1 - j : j;  // A first in even rounds, B first in odd ones
       const double t0 = now();
-      if (q6r && k == 1) { q4[k](n, out[k], W, xr, y, R, W); }
+      if (q6r && k == 1) { q6x(n, out[k], W, xr, y, R, W); }
       else if (q6) { for (long w = 0; w < W; w++) q6k[k](n, &out[k][w], W, (const block_q6_K *) x + w * nb, y, sizeof(block_q8_K) * nb, R); }
       else { q4[k](n, out[k], W, x, y, R, W); }
       t[k * rounds + it] = (now() - t0) / (q6 ? W : W / 8) / R / nb * 1e9;
