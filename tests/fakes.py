@@ -73,6 +73,9 @@ class FakeModel:
         self.truncate_calls.append(n)
         del self._tokens[n:]
 
+    def checkpoint(self) -> None:
+        """Nothing to keep: a fake cache drops any suffix."""
+
     def is_eog(self, token: int) -> bool:
         return token in self._eog
 

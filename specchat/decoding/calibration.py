@@ -104,6 +104,7 @@ def time_verify(
     if not base:
         model.decode(probe[:filler], [])
     start = len(model.tokens)
+    model.checkpoint()  # every size is taken back to `start` (a recurrent model keeps its state here)
     points = sorted({n for n in sizes if n <= n_max} | {1, n_max})
     times: dict[int, list[float]] = {n: [] for n in points}
     for n in points:  # warm-up: the first use of a batch size allocates buffers
@@ -169,6 +170,7 @@ def exact_batch(model: Model, n_max: int, *, filler: int = 16, widths: Sequence[
     if not base:
         model.decode(probe[:filler], [])
     start = len(model.tokens)
+    model.checkpoint()
     toks = probe[filler : filler + n_max]
     singles = np.stack([np.array(model.decode([t], [0])[0], copy=True) for t in toks])
     model.truncate(start)
@@ -204,6 +206,7 @@ def batch_noise(
     worst = 0.0
     for length in lengths:
         model.decode(probe[len(model.tokens) : length], [])
+        model.checkpoint()
         nxt = probe[length : length + n]
         singles = np.stack([np.array(model.decode([t], [0])[0], copy=True) for t in nxt])
         model.truncate(length)
@@ -214,11 +217,13 @@ def batch_noise(
     if drift > 0 and lengths[0] + drift + n < model.n_ctx:
         length = lengths[0]
         model.truncate(length)
+        model.checkpoint()
         more = [(i * 104729) % max(1, model.n_vocab - 16) + 8 for i in range(drift + n)]
         clean = np.stack([np.array(model.decode([t], [0])[0], copy=True) for t in more])[drift:]
         model.truncate(length)
         for i in range(0, drift, n):  # the same tokens, their K/V written by long batches
             model.decode(more[i : min(i + n, drift)], [])
+        model.checkpoint()
         for size in sizes:
             rows = np.array(model.decode(more[drift : drift + size], list(range(size))), copy=True)
             model.truncate(length + drift)

@@ -178,6 +178,9 @@ class ModelDrafter:
         if k <= 0:
             return out
         logits = sync_cache(self._model, context, logits_row_last=True)
+        # the drafts are decoded one at a time and most are taken back after the verify: a recurrent
+        # draft model keeps its state here, so going back is a copy, not a re-decode
+        self._model.checkpoint()
         out.catch_up_seconds = time.perf_counter() - start
         reach = 1.0
         for i in range(k):

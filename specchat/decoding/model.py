@@ -35,7 +35,14 @@ class Model(Protocol):
         ...
 
     def truncate(self, n: int) -> None:
-        """Drop cached positions >= n."""
+        """Drop cached positions >= n. Always possible; on a recurrent model it is cheapest within the
+        last decode or back to the last `checkpoint` (engine.LlamaModel, llama/rollback.py)."""
+        ...
+
+    def checkpoint(self) -> None:
+        """The caller may truncate back to the current length after several more decodes (a draft
+        model drafting token by token, a calibration measuring from a base): keep what that needs.
+        A no-op for caches that can drop any suffix (attention, the fakes)."""
         ...
 
     def is_eog(self, token: int) -> bool:

@@ -20,30 +20,21 @@ import numpy as np
 
 from ..decoding.settings import CTX_SIZE
 from ..errors import ContextFull, EngineError, ModelFileError
+from .devices import backend_info, device_memory, supports_gpu_offload
+from .lib import llama_cpp
+from .rollback import Checkpoint, Rollback, replay_chunks
 
-
-def library_load_failure(exc: BaseException) -> EngineError:
-    """One line for a llama-cpp-python whose shared libraries do not load (raised at import, so every
-    command that needs llama.cpp says it, not a traceback): most often a CUDA build on a machine
-    without the NVIDIA driver or CUDA's runtime libraries on the library path."""
-    detail = str(exc).rsplit("': ", 1)[-1].strip() or type(exc).__name__
-    if any(lib in detail for lib in ("libcuda", "libcublas", "libcudart", "libnvrtc")):
-        hint = (
-            "this llama-cpp-python is a CUDA build: install the NVIDIA driver and put CUDA's runtime "
-            "libraries (cudart, cuBLAS) on LD_LIBRARY_PATH, or rebuild for the CPU: `make install` "
-            "without CMAKE_ARGS"
-        )
-    else:
-        hint = "reinstall it (`make install`); `specchat doctor` shows the build"
-    return EngineError(
-        f"llama-cpp-python is installed but its llama.cpp libraries do not load: {detail}", hint
-    )
-
-
-try:
-    import llama_cpp
-except (OSError, RuntimeError) as _exc:  # the package is there, its shared libraries are not usable
-    raise library_load_failure(_exc) from _exc
+__all__ = [  # the devices' facts are asked of the engine by older callers too
+    "GGML_TYPE_BF16",
+    "LlamaModel",
+    "LlamaVocab",
+    "LoadOptions",
+    "SavedState",
+    "backend_info",
+    "device_memory",
+    "render_chat",
+    "supports_gpu_offload",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +62,11 @@ class LoadOptions:
     #: so one-token decoding and batched verification part in the last bits (patch 0003 removes
     #: that split); with K and V of different types it runs one row exactly as it runs several.
     type_v: int | None = None
+    #: on a recurrent or hybrid model, the states llama.cpp keeps after each of a decode's last tokens
+    #: (its n_rs_seq), so a rejected draft of up to this many tokens is taken back for free
+    #: (rollback.py); longer ones go back through a checkpoint. 0: checkpoints only (a draft model,
+    #: which decodes one token at a time and checkpoints before its drafts). Ignored elsewhere
+    snapshots: int = 0
 
 
 #: ggml_type value (ggml.h) for LoadOptions.type_v
@@ -89,10 +85,12 @@ class SavedState:
 
     tokens: tuple[int, ...]
     data: np.ndarray  # uint8, uninitialised before llama.cpp fills it (a zeroed buffer cost 2/3 of a save)
+    #: a recurrent model's checkpoints within `tokens` (rollback.py): where a later turn can go back to
+    anchors: tuple[Checkpoint, ...] = ()
 
     @property
     def nbytes(self) -> int:
-        return int(self.data.nbytes)
+        return int(self.data.nbytes) + sum(a.nbytes for a in self.anchors)
 
     def pointer(self) -> ctypes._Pointer[ctypes.c_uint8]:
         return self.data.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
@@ -128,100 +126,6 @@ def set_verbose(verbose: bool) -> None:
     """Route llama.cpp's own log to stderr (verbose) or drop it; it is noise for users otherwise.
     (The binding wants a callback either way: a NULL one is rejected by ctypes.)"""
     llama_cpp.llama_log_set(_STDERR_LOG if verbose else _SILENT_LOG, ctypes.c_void_p(0))
-
-
-def supports_gpu_offload() -> bool:
-    return bool(llama_cpp.llama_supports_gpu_offload())
-
-
-def backend_info() -> dict[str, object]:
-    """Build facts for `specchat doctor` and bug reports."""
-    sysinfo = llama_cpp.llama_print_system_info().decode(errors="replace").strip()
-    return {
-        "llama_cpp_python": getattr(llama_cpp, "__version__", "unknown"),
-        "gpu_offload": supports_gpu_offload(),
-        "mmap": bool(llama_cpp.llama_supports_mmap()),
-        "system_info": sysinfo,
-    }
-
-
-@dataclass(frozen=True, slots=True)
-class DeviceMemory:
-    """One ggml backend device and its memory, as llama.cpp reports it (bytes)."""
-
-    name: str
-    description: str
-    kind: str  # "cpu", "gpu" (dedicated memory: CUDA, ROCm, Metal, Vulkan dGPU) or "other"
-    free_bytes: int
-    total_bytes: int
-
-
-#: ggml_backend_dev_type values that are stable across llama.cpp versions (later ones were renumbered:
-#: 2 was ACCEL, is now IGPU), so only CPU and dedicated GPU are told apart; the rest count as "other".
-_DEV_KINDS = {0: "cpu", 1: "gpu"}
-
-
-def device_memory() -> list[DeviceMemory]:
-    """Every device llama.cpp can use, with free/total memory (ggml_backend_dev_memory).
-
-    llama-cpp-python does not bind the ggml backend device API, so it is bound here with ctypes on
-    the library llama-cpp-python loaded (its dependencies export the ggml symbols). Metal reports its
-    recommended working set, CUDA the free VRAM, the CPU the system RAM. An empty list when the
-    build does not export these functions.
-    """
-    lib = _ggml_lib()
-    if lib is None:
-        return []
-    llama_cpp.llama_backend_init()
-    try:
-        count = lib.ggml_backend_dev_count
-        get, mem = lib.ggml_backend_dev_get, lib.ggml_backend_dev_memory
-        kind, name, desc = (
-            lib.ggml_backend_dev_type,
-            lib.ggml_backend_dev_name,
-            lib.ggml_backend_dev_description,
-        )
-    except AttributeError:
-        return []
-    count.restype, count.argtypes = ctypes.c_size_t, []
-    get.restype, get.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
-    size_p = ctypes.POINTER(ctypes.c_size_t)
-    mem.restype, mem.argtypes = None, [ctypes.c_void_p, size_p, size_p]
-    kind.restype, kind.argtypes = ctypes.c_int, [ctypes.c_void_p]
-    for fn in (name, desc):
-        fn.restype, fn.argtypes = ctypes.c_char_p, [ctypes.c_void_p]
-    out = []
-    for i in range(int(count())):
-        dev = get(i)
-        if not dev:
-            continue
-        free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
-        mem(dev, ctypes.byref(free), ctypes.byref(total))
-        out.append(
-            DeviceMemory(
-                name=(name(dev) or b"").decode(errors="replace"),
-                description=(desc(dev) or b"").decode(errors="replace"),
-                kind=_DEV_KINDS.get(int(kind(dev)), "other"),
-                free_bytes=int(free.value),
-                total_bytes=int(total.value),
-            )
-        )
-    return out
-
-
-def _ggml_lib() -> ctypes.CDLL | None:
-    """The loaded libllama (dlsym finds ggml's symbols through it), else libggml next to it."""
-    lib = getattr(getattr(llama_cpp, "llama_cpp", None), "_lib", None)
-    if lib is not None and hasattr(lib, "ggml_backend_dev_count"):
-        return lib
-    folder = Path(getattr(lib, "_name", "") or "").parent
-    for candidate in ("libggml.so", "libggml.dylib", "ggml.dll"):
-        if (folder / candidate).is_file():
-            try:
-                return ctypes.CDLL(str(folder / candidate))
-            except OSError:
-                continue
-    return None
 
 
 @contextlib.contextmanager
@@ -350,6 +254,11 @@ class LlamaModel(_VocabFacts):
         cparams.n_threads_batch = threads
         if opts.type_v is not None:
             cparams.type_v = opts.type_v
+        self.recurrent = bool(
+            llama_cpp.llama_model_is_recurrent(model) or llama_cpp.llama_model_is_hybrid(model)
+        )
+        if self.recurrent:
+            cparams.n_rs_seq = max(0, opts.snapshots)
         with _quiet_stderr(not opts.verbose):
             ctx = llama_cpp.llama_init_from_model(model, cparams)
         if not ctx:
@@ -366,7 +275,19 @@ class LlamaModel(_VocabFacts):
         self._n_batch = int(llama_cpp.llama_n_batch(ctx))
         self._n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
         self._batch = llama_cpp.llama_batch_init(self._n_batch, 0, 1)
+        #: what the cache holds, logically; llama.cpp holds the first `_held` of them, and the rest
+        #: (after a recurrent model went back through a checkpoint) are replayed with the next decode
         self._tokens: list[int] = []
+        self._held = 0
+        self._rollback: Rollback | None = None
+        #: whether a rejected draft can be taken back without re-decoding the context: always on an
+        #: attention cache; on a recurrent one where llama.cpp can copy its state out (rollback.py)
+        self.can_roll_back = True
+        if self.recurrent:
+            snapshots = int(llama_cpp.llama_n_rs_seq(ctx))  # 0 where the architecture has none
+            self._rollback = Rollback(snapshots, self._save_recurrent, self._restore_recurrent)
+            flags = llama_cpp.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+            self.can_roll_back = int(llama_cpp.llama_state_seq_get_size_ext(ctx, 0, flags)) > 0
         self._piece_buf = ctypes.create_string_buffer(256)
         self._piece_cache: dict[int, bytes] = {}
         self.threads = threads
@@ -385,7 +306,11 @@ class LlamaModel(_VocabFacts):
         return self._tokens
 
     def decode(self, tokens: Sequence[int], logits_rows: Sequence[int]) -> np.ndarray:
-        """Append tokens at the next positions; one llama_decode per n_batch chunk (one in the loop)."""
+        """Append tokens at the next positions; one llama_decode per n_batch chunk (one in the loop).
+
+        On a recurrent model, tokens a rollback left to replay go first: in front of this batch when
+        both fit in a bit-exact batch (rollback.replay_chunks), else decoded before it; and where
+        the snapshots could not undo this batch, the state before it is kept first."""
         n = len(tokens)
         if self._ctx is None:
             raise EngineError(
@@ -396,6 +321,24 @@ class LlamaModel(_VocabFacts):
                 f"{len(self._tokens) + n} tokens do not fit in the context window of {self._n_ctx}",
                 "raise --ctx-size or shorten the prompt",
             )
+        batch, front = list(tokens), 0
+        rb = self._rollback
+        if rb is not None and n > 0:
+            wants = rb.wants_checkpoint(n)
+            pending = self._tokens[self._held :]
+            if pending:
+                # the checkpoint must be where this batch starts: then everything pending goes first
+                chunks, front = replay_chunks(pending, n, alone=wants)
+                for chunk in chunks:
+                    self._run(chunk, [])
+                batch = pending[len(pending) - front :] + batch
+            if wants:
+                rb.checkpoint(self._held)
+        return self._run(batch, [r + front for r in logits_rows])
+
+    def _run(self, tokens: Sequence[int], logits_rows: Sequence[int]) -> np.ndarray:
+        """Decode `tokens` from where llama.cpp's cache ends, in n_batch chunks."""
+        n = len(tokens)
         want = sorted(set(logits_rows))
         out: np.ndarray | None = None
         start = 0
@@ -420,7 +363,7 @@ class LlamaModel(_VocabFacts):
 
     def _decode_chunk(self, tokens: Sequence[int], start: int, end: int, rows: Sequence[int]) -> None:
         b = self._batch
-        base = len(self._tokens)
+        base = self._held
         count = end - start
         outputs = set(rows)
         for i in range(count):
@@ -432,8 +375,7 @@ class LlamaModel(_VocabFacts):
         b.n_tokens = count
         rc = llama_cpp.llama_decode(self._ctx, b)
         if rc != 0:
-            # the failed batch may have been partly stored: drop anything past the committed tokens
-            llama_cpp.llama_memory_seq_rm(self._mem, 0, base, -1)
+            self._decode_failed(base)
             if rc == 1:
                 raise ContextFull(
                     f"no KV cache slot for {count} tokens (context {self._n_ctx})",
@@ -443,34 +385,106 @@ class LlamaModel(_VocabFacts):
                 f"llama.cpp decode failed with code {rc}",
                 "try a smaller --ctx-size or fewer --gpu-layers; --verbose shows llama.cpp's log",
             )
-        self._tokens.extend(int(t) for t in tokens[start:end])
+        known = len(self._tokens) - base  # replayed tokens are in the list already
+        self._tokens.extend(int(t) for t in tokens[start + known : end])
+        self._held = base + count
+        if self._rollback is not None:
+            self._rollback.decoded(count, self._held)
+
+    def _decode_failed(self, base: int) -> None:
+        """The failed batch may have been partly stored: drop anything past what was held before it
+        (a recurrent state that cannot drop it is cleared: consistent, and rebuilt on demand)."""
+        if not llama_cpp.llama_memory_seq_rm(self._mem, 0, base, -1):
+            self._clear()
+            return
+        del self._tokens[base:]
+        self._held = base
+
+    def _clear(self) -> None:
+        llama_cpp.llama_memory_clear(self._mem, True)
+        self._tokens, self._held = [], 0
+        if self._rollback is not None:
+            self._rollback.forget()
 
     def _logits_view(self, n_rows: int) -> np.ndarray:
         ptr = llama_cpp.llama_get_logits(self._ctx)
         return np.ctypeslib.as_array(ptr, shape=(n_rows, self._n_vocab))
 
     def truncate(self, n: int) -> None:
+        """Drop cached positions >= n. An attention cache drops them; a recurrent state steps back
+        through llama.cpp's snapshots where they reach, else goes back to a checkpoint and replays the
+        rest with the next decode (rollback.py)."""
         if n >= len(self._tokens) or self._ctx is None:  # closed: nothing left to cut (and no UAF)
             return
-        if not llama_cpp.llama_memory_seq_rm(self._mem, 0, n, -1):
-            # recurrent/hybrid memories cannot drop a suffix: rebuild from the kept prefix
-            keep = self._tokens[:n]
-            llama_cpp.llama_memory_clear(self._mem, True)
-            self._tokens = []
-            if keep:
-                self.decode(keep, [])
+        rb = self._rollback
+        if rb is None:
+            if not llama_cpp.llama_memory_seq_rm(self._mem, 0, n, -1):
+                raise EngineError(f"llama.cpp could not cut {self.name}'s cache back to {n} tokens")
+            del self._tokens[n:]
+            self._held = len(self._tokens)
             return
+        if n >= self._held:  # only tokens still waiting to be replayed go
+            del self._tokens[n:]
+            return
+        if rb.can_step_back(self._held, n) and llama_cpp.llama_memory_seq_rm(self._mem, 0, n, -1):
+            rb.stepped_back(self._held - n)
+            self._held = n
+        else:
+            held = rb.go_back(n)
+            # the attention part of a hybrid cache drops what lies past the checkpoint by itself
+            if held == 0 or not llama_cpp.llama_memory_seq_rm(self._mem, 0, held, -1):
+                llama_cpp.llama_memory_clear(self._mem, True)
+                held = 0
+            self._held = held
         del self._tokens[n:]
+
+    def checkpoint(self) -> None:
+        """The caller may take the cache back to its current length after several decodes (a draft
+        model drafting token by token): on a recurrent model keep the state here; a no-op on an
+        attention cache, which can drop any suffix."""
+        rb = self._rollback
+        if rb is None or self._ctx is None:
+            return
+        self._flush()
+        rb.checkpoint(self._held)
+
+    def _flush(self) -> None:
+        """Decode what a rollback left pending, in bit-exact chunks."""
+        for chunk in replay_chunks(self._tokens[self._held :], 0, alone=True)[0]:
+            self._run(chunk, [])
+
+    @property
+    def rollback_bytes(self) -> int:
+        """Host memory the recurrent checkpoints take (0 on an attention-only model)."""
+        return self._rollback.nbytes if self._rollback is not None else 0
+
+    def _save_recurrent(self, pos: int) -> Checkpoint:
+        flags = llama_cpp.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+        size = int(llama_cpp.llama_state_seq_get_size_ext(self._ctx, 0, flags))
+        data = np.empty(size, dtype=np.uint8)
+        ptr = data.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
+        written = int(llama_cpp.llama_state_seq_get_data_ext(self._ctx, ptr, size, 0, flags))  # type: ignore[arg-type]
+        if written != size:
+            raise EngineError(f"llama.cpp saved {written} of {size} bytes of {self.name}'s recurrent state")
+        return Checkpoint(pos, data)
+
+    def _restore_recurrent(self, ckpt: Checkpoint) -> bool:
+        flags = llama_cpp.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+        ptr = ckpt.data.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
+        return int(llama_cpp.llama_state_seq_set_data_ext(self._ctx, ptr, ckpt.nbytes, 0, flags)) > 0  # type: ignore[arg-type]
 
     # --- saving and restoring the cache (the server's prompt cache) ------------------------------
     def save_state(self) -> SavedState:
-        """A host-memory copy of what the cache holds (PromptCache keeps these per conversation)."""
+        """A host-memory copy of what the cache holds (PromptCache keeps these per conversation); a
+        recurrent model's checkpoints come with it, so a restored conversation can go back as far."""
         if self._ctx is None:
             raise EngineError(
                 f"{self.name} was already closed", "this is a bug in specchat; please report it"
             )
+        self._flush()
         size = int(llama_cpp.llama_state_seq_get_size(self._ctx, 0))
-        state = SavedState(tuple(self._tokens), np.empty(size, dtype=np.uint8))
+        anchors = tuple(self._rollback.anchors) if self._rollback is not None else ()
+        state = SavedState(tuple(self._tokens), np.empty(size, dtype=np.uint8), anchors)
         written = int(llama_cpp.llama_state_seq_get_data(self._ctx, state.pointer(), size, 0))  # type: ignore[arg-type]
         if written != size:
             raise EngineError(f"llama.cpp saved {written} of {size} bytes of {self.name}'s cache")
@@ -481,12 +495,16 @@ class LlamaModel(_VocabFacts):
         left empty, which is always consistent: the next decode starts from the beginning)."""
         if self._ctx is None:
             return False
-        done = int(llama_cpp.llama_state_seq_set_data(self._ctx, state.pointer(), state.nbytes, 0))  # type: ignore[arg-type]
+        size = int(state.data.nbytes)
+        done = int(llama_cpp.llama_state_seq_set_data(self._ctx, state.pointer(), size, 0))  # type: ignore[arg-type]
         if done == 0:
-            llama_cpp.llama_memory_clear(self._mem, True)
-            self._tokens = []
+            self._clear()
             return False
         self._tokens = list(state.tokens)
+        self._held = len(self._tokens)
+        if self._rollback is not None:
+            self._rollback.forget()
+            self._rollback.anchors = list(state.anchors)
         return True
 
     def is_eog(self, token: int) -> bool:

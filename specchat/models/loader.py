@@ -17,6 +17,7 @@ from ..decoding.drafters import Drafter, ModelDrafter
 from ..decoding.settings import CTX_SIZE
 from ..errors import BadInput, ContextFull, ModelFileError
 from ..llama.engine import GGML_TYPE_BF16, LlamaModel, LoadOptions, render_chat, supports_gpu_offload
+from ..llama.rollback import TARGET_SNAPSHOTS
 from . import hardware
 from .gguf import read_gguf
 from .pair import check_pair
@@ -206,12 +207,23 @@ def load(
             # several (see LoadOptions). Batches beyond the bit-exact size use the tie margin.
             repack=True,
             type_v=GGML_TYPE_BF16 if on_cpu and not verified else None,
+            # a recurrent or hybrid target keeps its state after each of a verify batch's last
+            # tokens, so most rejected drafts are taken back for free (llama/rollback.py); the same
+            # with or without drafters, as above
+            snapshots=TARGET_SNAPSHOTS,
         ),
         name=cfg.target,
     )
     out = Loaded(target=target, drafters=[], strict=cfg.strict)
+    drafts = cfg.drafts
+    if drafts and not target.can_roll_back:
+        out.warnings.append(
+            f"{cfg.target} keeps a recurrent state that this llama.cpp build cannot copy, so a rejected "
+            "draft could only be undone by re-reading the whole context: decoding without drafts"
+        )
+        drafts = ()
     try:
-        for spec in cfg.drafts:
+        for spec in drafts:
             if registry.is_model_free(spec):
                 out.drafters.append(registry.make(spec))
                 continue

@@ -104,6 +104,9 @@ class Replay:
     def truncate(self, n: int) -> None:
         del self._tokens[n:]
 
+    def checkpoint(self) -> None:
+        """Nothing to keep: the replayed cache drops any suffix."""
+
     def is_eog(self, token: int) -> bool:
         return False
 
