@@ -225,6 +225,16 @@ class ModelDrafter:
         self._model.truncate(0)
 
 
+class HeadDrafter(ModelDrafter):
+    """The target's own drafter: a multi-token-prediction (NextN) head, or Gemma 4's assistant. It runs
+    step by step like a draft model (llama/mtp.py gives it the Model protocol) and is priced the same
+    way, but its tokens are shown as the model's own (Source.MTP): trained with the target on its
+    hidden states, it is right more often than a separate small model of the family."""
+
+    source = Source.MTP
+    prior = (4.0, 2.0)
+
+
 #: Match-length classes for routing (lower bounds, in tokens). How long the context's suffix matches
 #: earlier text is the strongest predictor of whether the continuation repeats too: on the benchmark's
 #: edit prompts a 2-3 token match ran on for 3+ tokens 19-37% of the time, a 16+ token match 75-95%.

@@ -17,6 +17,7 @@ class Source(str, Enum):
 
     DRAFT = "draft"  # proposed by a draft model and accepted by the target
     NGRAM = "ngram"  # proposed by n-gram prompt lookup and accepted by the target
+    MTP = "mtp"  # proposed by the target's own drafter (NextN head, Gemma 4 assistant), accepted
     CORRECTION = "correction"  # target's own token where a draft token was rejected
     BONUS = "bonus"  # target's extra token after all drafts of a round were accepted
     TARGET = "target"  # plain decoding (no draft this round)
@@ -24,10 +25,12 @@ class Source(str, Enum):
 
 #: The token-source legend, shared by the terminal's stream and the web page (both import it from here).
 #: One colour per provenance. Green = the draft was right; red = the target had to correct it;
-#: blue = the target's free extra token after a fully accepted round; magenta = n-gram lookup.
+#: blue = the target's free extra token after a fully accepted round; magenta = n-gram lookup; cyan =
+#: the model's own multi-token-prediction drafter.
 STYLES: dict[Source, str] = {
     Source.DRAFT: "green",
     Source.NGRAM: "magenta",
+    Source.MTP: "cyan",
     Source.CORRECTION: "red",
     Source.BONUS: "blue",
     Source.TARGET: "",
@@ -36,6 +39,7 @@ STYLES: dict[Source, str] = {
 LABELS: dict[Source, str] = {
     Source.DRAFT: "accepted from draft",
     Source.NGRAM: "accepted from n-gram lookup",
+    Source.MTP: "accepted from the model's MTP head",
     Source.CORRECTION: "corrected by target",
     Source.BONUS: "added by target",
     Source.TARGET: "target (no draft)",

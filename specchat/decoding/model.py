@@ -72,8 +72,9 @@ def sync_cache(model: Model, wanted: Sequence[int], logits_row_last: bool) -> np
     keep = common_prefix_len(model.tokens, wanted)
     if logits_row_last and keep == len(wanted) and keep > 0:
         keep -= 1
-    if keep < len(model.tokens):
-        model.truncate(keep)
+    # also when keep is all of `tokens`: a cache may hold provisional entries past them (an MTP
+    # head's draft steps, llama/mtp.py), and a cut at or past the end is free for every other one
+    model.truncate(keep)
     rest = wanted[keep:]
     if not rest:
         return None

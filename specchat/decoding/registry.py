@@ -50,6 +50,18 @@ MODEL_FREE: Mapping[str, ModelFree] = MappingProxyType(
 )
 
 
+#: the name of the target's own multi-token-prediction drafter: its NextN layers (Qwen3.5 and later, GLM,
+#: MiMo...) or, for Gemma 4, the assistant model the registry names beside it. Not model-free: it runs
+#: on the target's weights and hidden states, so the loader builds it with the target (llama/mtp.py)
+MTP = "mtp"
+MTP_HELP = "the model's own multi-token-prediction head, where its GGUF has one"
+
+
+def is_target_head(spec: str) -> bool:
+    """Whether `--draft spec` names the target's own drafter rather than a model or a model-free one."""
+    return spec == MTP
+
+
 def is_model_free(spec: str) -> bool:
     """Whether `--draft spec` names a model-free drafter rather than a model to load."""
     return spec in MODEL_FREE
@@ -61,5 +73,6 @@ def make(spec: str) -> Drafter:
 
 
 def described() -> str:
-    """The model-free drafters as `--draft`'s help names them: "`ngram` (prompt lookup: ...), ..."."""
-    return ", ".join(f"`{m.name}` ({m.help})" for m in MODEL_FREE.values())
+    """The model-free drafters and the model's own head as `--draft`'s help names them:
+    "`ngram` (prompt lookup: ...), ..."."""
+    return ", ".join([*(f"`{m.name}` ({m.help})" for m in MODEL_FREE.values()), f"`{MTP}` ({MTP_HELP})"])

@@ -12,7 +12,7 @@ import contextlib
 import ctypes
 import os
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,6 +67,9 @@ class LoadOptions:
     #: (rollback.py); longer ones go back through a checkpoint. 0: checkpoints only (a draft model,
     #: which decodes one token at a time and checkpoints before its drafts). Ignored elsewhere
     snapshots: int = 0
+    #: load the GGUF's multi-token-prediction (NextN) layers too, for an MTP drafter (llama/mtp.py);
+    #: they are not part of the target's own forward pass, so its output is the same either way
+    load_mtp: bool = False
 
 
 #: ggml_type value (ggml.h) for LoadOptions.type_v
@@ -232,6 +235,7 @@ class LlamaModel(_VocabFacts):
         mparams.n_gpu_layers = 2**31 - 1 if gpu_layers < 0 else gpu_layers
         if hasattr(mparams, "use_extra_bufts"):
             mparams.use_extra_bufts = opts.repack
+        mparams.load_mtp = opts.load_mtp
         self.gpu_layers = gpu_layers
         self.repack = opts.repack
         self.type_v = opts.type_v
@@ -288,6 +292,9 @@ class LlamaModel(_VocabFacts):
             self._rollback = Rollback(snapshots, self._save_recurrent, self._restore_recurrent)
             flags = llama_cpp.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
             self.can_roll_back = int(llama_cpp.llama_state_seq_get_size_ext(ctx, 0, flags)) > 0
+        #: called after every llama_decode with (first position, token count): an MTP head reads the
+        #: target's hidden rows there, before the next decode overwrites them (llama/mtp.py)
+        self.on_decoded: Callable[[int, int], None] | None = None
         self._piece_buf = ctypes.create_string_buffer(256)
         self._piece_cache: dict[int, bytes] = {}
         self.threads = threads
@@ -390,6 +397,8 @@ class LlamaModel(_VocabFacts):
         self._held = base + count
         if self._rollback is not None:
             self._rollback.decoded(count, self._held)
+        if self.on_decoded is not None:
+            self.on_decoded(base, count)
 
     def _decode_failed(self, base: int) -> None:
         """The failed batch may have been partly stored: drop anything past what was held before it
@@ -559,6 +568,25 @@ class LlamaModel(_VocabFacts):
     @property
     def n_layer(self) -> int:
         return int(llama_cpp.llama_model_n_layer(self._model))
+
+    @property
+    def n_batch(self) -> int:
+        return self._n_batch
+
+    @property
+    def raw_model(self) -> object:
+        """llama.cpp's model handle, for another context on the same weights (llama/mtp.py)."""
+        return self._model
+
+    @property
+    def raw_context(self) -> object:
+        """llama.cpp's context handle, for a head that reads this model's outputs (llama/mtp.py)."""
+        return self._ctx
+
+    @property
+    def n_nextn(self) -> int:
+        """Multi-token-prediction (NextN) layers the GGUF carries (loaded only with load_mtp)."""
+        return int(llama_cpp.llama_model_n_layer_nextn(self._model))
 
     def close(self) -> None:
         """Free native memory now rather than at garbage collection (models can be gigabytes)."""

@@ -13,7 +13,9 @@ How: for each weight type (Q4_K repacked and not, Q6_K, Q5_K, Q8_0, F16 and the 
 tiny model (probe_model) decodes a token sequence one token at a time, then again in batches of n for
 every n in 2..MAX_ROWS, each batch's K/V written by the batches before it, and every row must equal
 the one-token row bit for bit. Attention is checked the same way over a sequence that runs past 512
-KV cells, with V in bf16 (what a verifying target uses) and in f16 (where llama.cpp splits the KV).
+KV cells, with V in bf16 (what a verifying target uses) and in f16 (where llama.cpp splits the KV),
+and so are two hybrid layouts (probe_hybrid: Qwen3.5's gated delta net, LFM2's short convolutions),
+whose recurrent state a batch advances several tokens at once.
 
 The probe runs in a child process (`python -m specchat.llama.invariance probe`), like buildcheck's: a
 crash in a kernel is a verdict, not a dead caller.
@@ -46,6 +48,8 @@ CASES: tuple[tuple[str, bool], ...] = (
     ("Q4_0", True),
     ("Q5_0", True),
 )
+#: hybrid layouts whose recurrent layers (gated delta net, short convolution) are checked like a weight type
+HYBRIDS: tuple[str, ...] = ("qwen35", "lfm2")
 #: tokens per matmul case (every width sees at least one full batch and a ragged last one)
 SEQUENCE = 100
 #: tokens of the attention case: past 512 KV cells (llama.cpp pads the KV view to 256 cells)
@@ -80,6 +84,7 @@ class Invariance:
 
 def _covered(cases: Sequence[dict[str, Any]]) -> str:
     names = [str(c.get("case")) for c in cases if c.get("kind") == "matmul"]
+    names += [str(c.get("case")).split(" ")[0] + " hybrid" for c in cases if c.get("kind") == "hybrid"]
     attn = [c for c in cases if c.get("kind") == "attention"]
     text = ", ".join(names)
     if attn:
@@ -139,6 +144,7 @@ def probe_cases(
     cases: Sequence[tuple[str, bool]] = CASES,
     widths: Sequence[int] = tuple(range(2, MAX_ROWS + 1)),
     long_widths: Sequence[int] = LONG_WIDTHS,
+    hybrids: Sequence[str] = HYBRIDS,
     say: Callable[[str], None] = _step,
 ) -> list[dict[str, Any]]:
     """Evaluate the probe models on the installed build in this process (the child calls it; tests
@@ -146,6 +152,7 @@ def probe_cases(
     import numpy as np
 
     from .engine import LlamaModel, LoadOptions
+    from .probe_hybrid import write_probe_hybrid
     from .probe_model import write_probe_gguf
 
     rng = np.random.default_rng(11)
@@ -161,6 +168,15 @@ def probe_cases(
                 bad, row, diff = _compare(model, tokens, widths)
             found.append({"kind": "matmul", "case": label, "first_bad": bad, "row": row, "diff": diff,
                           "max_width": max(widths)})  # fmt: skip
+        for arch in hybrids:
+            say(f"hybrid {arch} (recurrent layers), batches of {min(widths)}..{max(widths)} rows")
+            path = write_probe_hybrid(Path(tmp) / f"inv-{arch}.gguf", arch, seed=4, n_ctx=256)
+            opts = LoadOptions(n_ctx=256, gpu_layers=0, repack=True, type_v=GGML_TYPE_BF16)
+            tokens = [int(t) for t in rng.integers(3, 259, SEQUENCE)]
+            with LlamaModel(path, opts) as model:
+                bad, row, diff = _compare(model, tokens, widths)
+            found.append({"kind": "hybrid", "case": f"{arch} (recurrent)", "first_bad": bad, "row": row,
+                          "diff": diff, "max_width": max(widths)})  # fmt: skip
         n_ctx = LONG_SEQUENCE + 128
         path = write_probe_gguf(Path(tmp) / "inv-attn.gguf", "Q8_0", seed=3, n_ctx=n_ctx)
         tokens = [int(t) for t in rng.integers(3, 259, LONG_SEQUENCE)]

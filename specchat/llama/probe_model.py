@@ -97,9 +97,6 @@ def write_probe_gguf(path: Path, qtype: str, *, seed: int = 0, n_ctx: int | None
     n_embd, n_ff, n_vocab = s["n_embd"], s["n_ff"], s["n_vocab"]
     n_kv = n_embd * s["n_head_kv"] // s["n_head"]  # K and V rows: head_dim x KV heads
     rng = np.random.default_rng(seed)
-    tokens = ["<unk>", "<s>", "</s>", *(f"<0x{b:02X}>" for b in range(256))]
-    tokens += [f"[pad{i}]" for i in range(n_vocab - len(tokens))]
-    types = [2, 3, 3] + [6] * 256 + [1] * (n_vocab - 259)  # unknown, control, byte, normal
     meta: dict[str, Any] = {
         "general.architecture": "llama",
         "general.name": f"specchat-probe-{qtype}",
@@ -114,13 +111,7 @@ def write_probe_gguf(path: Path, qtype: str, *, seed: int = 0, n_ctx: int | None
         "llama.rope.dimension_count": n_embd // s["n_head"],
         "llama.attention.layer_norm_rms_epsilon": 1e-5,
         "llama.vocab_size": n_vocab,
-        "tokenizer.ggml.model": "llama",
-        "tokenizer.ggml.tokens": tokens,
-        "tokenizer.ggml.scores": [0.0] * n_vocab,
-        "tokenizer.ggml.token_type": types,
-        "tokenizer.ggml.bos_token_id": 1,
-        "tokenizer.ggml.eos_token_id": 2,
-        "tokenizer.ggml.unknown_token_id": 0,
+        **vocab_meta(n_vocab),
     }
 
     def f32(*shape: int) -> tuple[str, tuple[int, ...], bytes]:
@@ -147,6 +138,31 @@ def write_probe_gguf(path: Path, qtype: str, *, seed: int = 0, n_ctx: int | None
         "output_norm.weight": f32(n_embd),
         "output.weight": q(n_vocab, n_embd, 4.0),
     }
+    return write_gguf(path, meta, tensors)
+
+
+def vocab_meta(n_vocab: int) -> dict[str, Any]:
+    """A SentencePiece vocab of byte tokens (ids 3..258), padded to `n_vocab`: the probes feed ids."""
+    tokens = ["<unk>", "<s>", "</s>", *(f"<0x{b:02X}>" for b in range(256))]
+    tokens += [f"[pad{i}]" for i in range(n_vocab - len(tokens))]
+    types = [2, 3, 3] + [6] * 256 + [1] * (n_vocab - 259)  # unknown, control, byte, normal
+    return {
+        "tokenizer.ggml.model": "llama",
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.scores": [0.0] * n_vocab,
+        "tokenizer.ggml.token_type": types,
+        "tokenizer.ggml.bos_token_id": 1,
+        "tokenizer.ggml.eos_token_id": 2,
+        "tokenizer.ggml.unknown_token_id": 0,
+    }
+
+
+#: a tensor to write: (ggml type name, dims inner first, raw bytes)
+Tensor = tuple[str, tuple[int, ...], bytes]
+
+
+def write_gguf(path: Path, meta: dict[str, Any], tensors: dict[str, Tensor]) -> Path:
+    """A GGUF v3 file of `meta` and `tensors`, 32-byte aligned."""
     header = b"GGUF" + struct.pack("<IQQ", 3, len(tensors), len(meta))
     header += b"".join(_gguf_kv(k, v) for k, v in meta.items())
     offset, infos, datas = 0, [], []

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..decoding import registry
-from ..decoding.drafters import Drafter, ModelDrafter
+from ..decoding.drafters import Drafter, HeadDrafter, ModelDrafter
 from ..decoding.settings import CTX_SIZE
 from ..errors import BadInput, ContextFull, ModelFileError
 from ..llama.engine import GGML_TYPE_BF16, LlamaModel, LoadOptions, render_chat, supports_gpu_offload
@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from ..decoding.constraint import GrammarSpec
     from ..decoding.loop import Planner
     from ..llama.grammar import Grammar
+    from ..llama.mtp import MtpHead
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +53,8 @@ class Loaded:
     drafters: list[Drafter]
     warnings: list[str] = field(default_factory=list)
     draft_models: list[LlamaModel] = field(default_factory=list)
+    #: the target's own drafters (an MTP head): closed with it
+    heads: list[MtpHead] = field(default_factory=list)
     tie_margin: float = 0.0  # greedy verification: see decoding.loop.Settings
     exact_rows: int = 0  # ditto
     strict: bool = False  # ditto
@@ -61,6 +64,8 @@ class Loaded:
     verified_rows: int = 0
 
     def close(self) -> None:
+        for h in self.heads:
+            h.close()
         for m in self.draft_models:
             m.close()
         self.target.close()
@@ -172,7 +177,7 @@ def load(
 
     ident = build_identity()  # the installed build: refused if recorded bad, keys the calibration below
     refuse_known_bad(ident)
-    model_specs = [d for d in cfg.drafts if not registry.is_model_free(d)]
+    model_specs = [d for d in cfg.drafts if not registry.is_model_free(d) and not registry.is_target_head(d)]
     fit_before_download(
         [_resolve(s) for s in [cfg.target, *model_specs]],
         ctx_size=cfg.ctx_size,
@@ -211,6 +216,9 @@ def load(
             # tokens, so most rejected drafts are taken back for free (llama/rollback.py); the same
             # with or without drafters, as above
             snapshots=TARGET_SNAPSHOTS,
+            # the NextN layers, only where the MTP drafter will use them (they are not part of the
+            # target's own forward pass: its output is the same either way)
+            load_mtp=any(registry.is_target_head(d) for d in cfg.drafts),
         ),
         name=cfg.target,
     )
@@ -226,6 +234,12 @@ def load(
         for spec in drafts:
             if registry.is_model_free(spec):
                 out.drafters.append(registry.make(spec))
+                continue
+            if registry.is_target_head(spec):
+                head = _target_head(target, cfg)
+                if head is not None:
+                    out.heads.append(head)
+                    out.drafters.append(HeadDrafter(head, p_min=cfg.p_min))
                 continue
             note(f"loading draft {paths[spec].name}")
             dm = LlamaModel(
@@ -260,6 +274,18 @@ def load(
         out.close()
         raise
     return out
+
+
+def _target_head(target: LlamaModel, cfg: LoadConfig) -> MtpHead | None:
+    """The target's MTP head for `--draft mtp` (a clear error where it has none)."""
+    from ..llama.mtp import MtpHead
+
+    if target.n_nextn <= 0:
+        raise BadInput(
+            f"{cfg.target} has no multi-token-prediction (NextN) layers, so `--draft mtp` has nothing to run",
+            "use a GGUF that keeps them (e.g. the -MTP releases of Qwen3.6), or another --draft",
+        )
+    return MtpHead(target, verbose=cfg.verbose)
 
 
 def _resolve(spec: str) -> ModelRef:
