@@ -138,7 +138,8 @@ def test_an_unreachable_hub_leaves_the_decision_to_the_download(ram_24gb: None, 
 
 def test_files_on_disk_count_with_their_headers(ram_24gb: None, tiny_target: Path) -> None:
     from specchat.models.loader import fit_before_download
-    from specchat.models.registry import load_registry, resolve
+    from specchat.models.registry import resolve
+    from specchat.models.registry_toml import load_registry
 
     reg = load_registry()
     with pytest.raises(NotEnoughMemory, match=r"the model and its draft need about 4\d\.\d GB"):

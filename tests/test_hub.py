@@ -17,7 +17,8 @@ from typer.testing import CliRunner
 from specchat.cli.models import human_size, register
 from specchat.errors import DownloadError, ModelNotFound, OfflineError
 from specchat.models import cache, hub
-from specchat.models.registry import load_registry, resolve
+from specchat.models.registry import resolve
+from specchat.models.registry_toml import load_registry
 
 from .standin_hub import COMMIT, Env, StandinHub, isolate, model_fields, tiny_gguf, write_registry
 

@@ -15,7 +15,8 @@ from typer.testing import CliRunner
 from specchat.cli.models import register
 from specchat.errors import BadInput, DownloadError
 from specchat.models import cache, hub, mirror
-from specchat.models.registry import load_registry, resolve
+from specchat.models.registry import resolve
+from specchat.models.registry_toml import load_registry
 
 from .standin_hub import Env, StandinHub, build_chunk_wheels, isolate, model_fields, tiny_gguf, write_registry
 

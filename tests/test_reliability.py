@@ -31,7 +31,8 @@ from specchat.decoding.events import Source, Token
 from specchat.errors import ModelFileError, SpecchatError
 from specchat.llama.engine import LlamaModel, LoadOptions
 from specchat.models import loader
-from specchat.models.registry import load_registry, resolve
+from specchat.models.registry import resolve
+from specchat.models.registry_toml import load_registry
 
 from .tiny_models import write_tiny_llama, write_truncated
 

@@ -410,7 +410,8 @@ def _server_model(spec: str) -> ServerModel:
     downloading anything), else the Hub repository llama-server can fetch itself."""
     from ..bench.export import ServerModel
     from ..models.cache import cached_path
-    from ..models.registry import load_registry, resolve
+    from ..models.registry import resolve
+    from ..models.registry_toml import load_registry
 
     ref = resolve(spec, load_registry())
     if ref.path is not None:

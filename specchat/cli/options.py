@@ -190,7 +190,8 @@ def default_drafts(target: str) -> tuple[str, ...]:
     registry gets n-gram lookup alone. The one place that decides it, for every command. hf: and
     ORG/REPO:QUANT targets that are in the registry count too, since `resolve` finds their alias.
     """
-    from ..models.registry import load_registry, resolve
+    from ..models.registry import resolve
+    from ..models.registry_toml import load_registry
 
     reg = load_registry()
     ref = resolve(target, reg)

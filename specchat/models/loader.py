@@ -153,7 +153,8 @@ class LoadedEngine:
 def locate(spec: str, *, offline: bool | None, console: object | None = None) -> Path:
     """A model reference (alias, path, hf:, ORG/REPO:QUANT) to a local file, downloading if allowed."""
     from . import hub
-    from .registry import load_registry, resolve
+    from .registry import resolve
+    from .registry_toml import load_registry
 
     ref = resolve(spec, load_registry())
     return hub.locate(ref, offline=offline, console=console)
@@ -251,7 +252,8 @@ def load(
 
 
 def _resolve(spec: str) -> ModelRef:
-    from .registry import load_registry, resolve
+    from .registry import resolve
+    from .registry_toml import load_registry
 
     return resolve(spec, load_registry())
 

@@ -47,8 +47,9 @@ from ..decoding.model import Model
 from ..decoding.prompt_cache import Prepared, PromptCache
 from ..decoding.session import Engine, answer_events, follow_temperature
 from ..errors import ContextFull, SpecchatError
-from .api import ApiError, GenRequest
+from .api import GenRequest
 from .echo import prompt_logprobs
+from .fields import ApiError
 from .responses import LogprobEntry, Progress, finish_reason, logprob_entry
 from .stops import Piece, StopFilter, TokenGate
 from .tokens import Tokenizer, check_ids
