@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from specchat.errors import ModelFileError
-from specchat.models.gguf import GGML_TYPES, ArrayRef, read_gguf
+from specchat.models.ggml_types import GGML_TYPES
+from specchat.models.gguf import ArrayRef, read_gguf
 
 from .tiny_models import (
     CHATML_TEMPLATE,

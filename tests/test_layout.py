@@ -1,7 +1,7 @@
 """The package layout's import rules, checked on the source (every import, lazy ones inside functions
 and `if TYPE_CHECKING:` blocks included).
 
-- only `specchat/llama/` imports llama_cpp;
+- only `specchat/llama/` imports llama_cpp, only `specchat/models/` huggingface_hub;
 - `specchat/decoding/` imports nothing of llama, models, server, cli or bench (engines reach it through
   the `decoding.model.Model` protocol);
 - `specchat/server/` imports neither `specchat.llama` nor llama_cpp;
@@ -97,6 +97,13 @@ def is_llama_cpp(target: str) -> bool:
 
 def test_only_the_llama_package_imports_llama_cpp():
     assert_none(lambda p, t: is_llama_cpp(t) and not in_part(p, "llama"), "llama_cpp outside specchat/llama")
+
+
+def test_only_the_models_package_talks_to_the_hub():
+    assert_none(
+        lambda p, t: t.split(".")[0] == "huggingface_hub" and not in_part(p, "models"),
+        "huggingface_hub outside specchat/models",
+    )
 
 
 def test_decoding_imports_no_engine_models_server_cli_or_bench():

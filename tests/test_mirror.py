@@ -79,7 +79,7 @@ def test_mirror_joins_checks_and_places_the_file(env: Env, monkeypatch: pytest.M
         renames.append((Path(src).name, Path(src).stat().st_size, Path(dst).exists()))
         real_replace(src, dst)
 
-    monkeypatch.setattr(hub.os, "replace", spy_replace)
+    monkeypatch.setattr(mirror.os, "replace", spy_replace)
     path = hub.pull(resolve("mirrored", load_registry()), source="mirror", console=quiet())
 
     assert path == final_path(env)
