@@ -301,6 +301,8 @@ class NgramDrafter:
         learn_edits: bool = True,
         resync: bool = True,
     ) -> None:
+        if not 1 <= min_n <= max_n:
+            raise ValueError(f"min_n and max_n must satisfy 1 <= min_n <= max_n (got {min_n} and {max_n})")
         self.name = name
         self.max_n = max_n
         self.min_n = min_n

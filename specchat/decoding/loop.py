@@ -68,7 +68,9 @@ class Planner(Protocol):
 
 @dataclass(slots=True)
 class FixedK:
-    """Always draft k tokens with the first drafter (its confidence stop may end a round sooner)."""
+    """Always draft k tokens (a drafter's confidence stop may end a round sooner), with the first
+    drafter, in the order given, that has something to propose this round: `--draft ngram --draft
+    MODEL -k 4` copies where the context repeats and runs the model elsewhere."""
 
     k: int
 
@@ -76,13 +78,15 @@ class FixedK:
         self, max_k: int, routes: Sequence[str | None], lags: Sequence[int] = ()
     ) -> tuple[int | None, int]:
         k = min(self.k, max_k)
-        return (0, k) if k > 0 and routes and routes[0] is not None else (None, 0)
+        which = next((i for i, route in enumerate(routes) if route is not None), None)
+        return (which, k) if k > 0 and which is not None else (None, 0)
 
     def observe(self, rnd: Round, drafter: int | None) -> None:
         return None
 
     def begin_answer(self, lags: Sequence[int], max_new: int) -> list[bool]:
-        return [i == 0 and self.k > 0 for i in range(len(lags))]  # -k N: the user chose to draft
+        # -k N: the user chose to draft, and any drafter may be the first with a proposal in a round
+        return [self.k > 0] * len(lags)
 
     def observe_prefill(self, drafter: int, tokens: int, seconds: float) -> None:
         return None
