@@ -31,7 +31,8 @@ from ..decoding.session import (
     stats_rows,
     totals_row,
 )
-from ..errors import SpecchatError
+from ..decoding.settings import SettingError
+from ..errors import BadInput, SpecchatError
 from . import render
 from .common import err_console, fail_line, load_models, out_console
 
@@ -51,6 +52,10 @@ def start_chat(opts: Options, *, no_color: bool = False) -> None:
     drafts = opts.drafts_to_load(announce=lambda line: err.print(f"[dim]{escape(line)}[/]", soft_wrap=True))
     loaded = load_models(opts.load_config(drafts), err)
     try:
+        try:  # a logit_bias id the model lacks: one line now, not one per message
+            opts.params.check_vocab(loaded.target.n_vocab)
+        except SettingError as exc:
+            raise BadInput(str(exc)) from None
         for w in loaded.warnings:
             err.print(f"[yellow]warning:[/] {escape(w)}", highlight=False)
         session = ChatSession(

@@ -138,12 +138,14 @@ def sampling_options(*, for_requests: bool = False) -> Callable[[F], F]:
             inspect.Parameter(
                 s.name,
                 inspect.Parameter.POSITIONAL_OR_KEYWORD,
-                default=s.default,
+                # a per-token setting is ID=VALUE text, repeatable: a list of strings, None when not given
+                default=None if s.per_token else s.default,
                 annotation=Annotated[
-                    s.type,  # type: ignore[valid-type]
+                    list[str] | None if s.per_token else s.type,  # type: ignore[valid-type]
                     typer.Option(
                         s.flag,
                         help=f"{s.help} For requests that send no `{s.name}`." if for_requests else s.help,
+                        metavar="ID=VALUE" if s.per_token else None,
                     ),
                 ],
             )
@@ -157,6 +159,11 @@ def sampling_options(*, for_requests: bool = False) -> Callable[[F], F]:
         def command(*args: Any, **kwargs: Any) -> Any:
             given = {s.name: kwargs.pop(s.name) for s in SETTINGS if s.name in kwargs}
             try:
+                for s in SETTINGS:
+                    if s.per_token:
+                        texts = given.pop(s.name, None)
+                        if texts:
+                            given[s.name] = s.parse_pairs(texts)
                 sampling = SamplingParams(**given)
             except SettingError as exc:
                 raise BadInput(str(exc)) from None

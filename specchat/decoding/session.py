@@ -93,8 +93,14 @@ def answer_events(
     docstring); the chat session, the HTTP server and `specchat run` all generate through here.
     `logprobs`: give each Token the target's log-probabilities with this many alternatives
     (loop.Settings.logprobs; None computes nothing). `constraint`: output the constrained target's
-    (a grammar compiled for this answer: decoding/constraint.py).
+    (a grammar compiled for this answer: decoding/constraint.py). A `logit_bias` naming a token the
+    target's vocabulary lacks is BadInput, before anything is decoded (the server checks it first,
+    to answer a 400).
     """
+    try:
+        params.check_vocab(engine.target.n_vocab)
+    except SettingError as exc:
+        raise BadInput(str(exc)) from None
     return generate(
         engine.target,
         prompt,

@@ -173,8 +173,12 @@ def _sampling(body: Mapping[str, Any], defaults: SamplingParams) -> SamplingPara
     """The sampling settings (decoding/settings.py's table) the body sends, over `defaults`: each
     field's JSON type checked here, its range (NaN and infinities included: Python's JSON reads them)
     by `SamplingParams` itself, a 400 naming the field."""
-    given: dict[str, int | float] = {}
+    given: dict[str, object] = {}
     for s in SETTINGS:
+        if s.per_token:
+            if body.get(s.name) is not None:
+                given[s.name] = _token_map(s.name, body[s.name])
+            continue
         if s.type is int:
             value = int_field(body, s.name, lo=None)
         else:
@@ -184,9 +188,29 @@ def _sampling(body: Mapping[str, Any], defaults: SamplingParams) -> SamplingPara
         if value is not None:
             given[s.name] = s.type(value)
     try:
-        return replace(defaults, **given)
+        return replace(defaults, **given)  # type: ignore[arg-type]
     except SettingError as exc:
         raise ApiError(exc.line(exc.setting.name), param=exc.setting.name) from None
+
+
+def _token_map(name: str, value: object) -> dict[int, float]:
+    """A per-token field as OpenAI sends it, a JSON object from token ids (as strings) to numbers:
+    its shape checked here, its ids and values by `SamplingParams` (and the ids against the
+    vocabulary by the worker, which has one)."""
+    if not isinstance(value, dict):
+        raise ApiError(
+            f"{name} must be an object mapping token ids to numbers, not {json_kind(value)}", param=name
+        )
+    out: dict[int, float] = {}
+    for key, v in value.items():
+        try:
+            token = int(key)
+        except ValueError:
+            raise ApiError(f"{name} keys must be token ids (got {key!r})", param=name) from None
+        if isinstance(v, bool) or not isinstance(v, int | float):
+            raise ApiError(f"{name} values must be numbers, not {json_kind(v)} (token {key})", param=name)
+        out[token] = float(v)
+    return out
 
 
 def _stops(value: object) -> tuple[str, ...]:
