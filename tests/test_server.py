@@ -398,7 +398,7 @@ def test_request_defaults_and_accepted_forms():
         "stop": "END",
         "stream": True,
         "stream_options": {"include_usage": True},
-        "logit_bias": {"1": 2},
+        "user": "someone",  # a field this server does not use: ignored
     }
     req = parse_request("chat", body, d)
     assert req.messages == (
