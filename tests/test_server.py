@@ -473,6 +473,7 @@ runner = CliRunner()
         (["--queue", "-1"], "--queue"),
         (["--api-key", " "], "--api-key"),
         (["--top-p", "2"], "--top-p"),
+        (["--port", "0", "--logit-bias", "99999999=1"], "--logit-bias names token 99999999"),  # once loaded
     ],
 )
 def test_serve_bad_options_are_one_line(tiny_target, args, needle):
