@@ -241,11 +241,14 @@ def test_a_callers_own_processor_runs_after_the_settings_on_every_row():
 # --- through `run` and `serve`, on the tiny models -------------------------------------------------------
 
 
-def run_json(target, *args: str) -> list[int]:
+def run_json(target, *args: str, drafted: bool = False) -> list[int]:
+    """The answer's tokens (`drafted`: checking the drafts were used)."""
     base = ["run", str(target), "-p", "Once upon a time", "-n", "32", "--json", "--threads", "1"]
     res = runner.invoke(app, [*base, "--ctx-size", "256", *args])
     assert res.exit_code == 0, res.output
-    return json.loads(res.stdout)["tokens"]
+    doc = json.loads(res.stdout)
+    assert not drafted or doc["stats"]["accepted"] > 0
+    return doc["tokens"]
 
 
 def test_run_takes_the_settings_and_drafting_with_them_equals_no_draft(tiny_pair):
@@ -259,7 +262,9 @@ def test_run_takes_the_settings_and_drafting_with_them_equals_no_draft(tiny_pair
     ):
         alone = run_json(target, "--no-draft", *settings_)
         assert alone != plain
-        assert run_json(target, "--draft", str(draft), "--draft", "ngram", *settings_) == alone
+        for k in ("auto", "3"):  # the default planner, and one that drafts every round
+            drafts = ["--draft", str(draft), "--draft", "ngram", "-k", k]
+            assert run_json(target, *drafts, *settings_, drafted=k != "auto") == alone
     assert common not in run_json(target, "--no-draft", "--logit-bias", f"{common}=-100")
     penalised = run_json(target, "--no-draft", "--frequency-penalty", "2")
     assert penalised.count(common) < plain.count(common)
@@ -275,16 +280,20 @@ def test_a_bias_on_a_token_the_model_lacks_is_one_line(tiny_target):
 
 
 def test_serve_takes_the_fields_and_drafting_with_them_equals_the_target_alone(tiny_url):
+    accepted: list[int] = []
+
     def tokens(**fields: object) -> list[str]:
         body = {"prompt": "Once upon a time", "max_tokens": 24, "logprobs": 0, **fields}
         r = httpx.post(f"{tiny_url}/completions", json=body, timeout=60)
         assert r.status_code == 200, r.text
+        accepted.append(r.json()["speculative"]["accepted"])
         return r.json()["choices"][0]["logprobs"]["tokens"]
 
     plain = tokens(speculative=False)
     for fields in ({"frequency_penalty": 1.5}, {"presence_penalty": 2.0, "logit_bias": {"100": 5}}):
         alone = tokens(speculative=False, **fields)
         assert alone != plain and tokens(**fields) == alone
+        assert accepted[-1] > 0  # the drafts were used (the server drafts 3 a round here)
     ids = httpx.post(
         f"{tiny_url.removesuffix('/v1')}/tokenize", json={"content": plain[0]}, timeout=10
     ).json()
