@@ -506,7 +506,7 @@ def test_cli_export_prints_llama_server_command_without_loading(tiny_pair, monke
 
 
 def test_cli_export_of_uncached_alias_uses_hub_options():
-    from specchat.models.registry import load_registry
+    from specchat.models.registry_toml import load_registry
 
     reg = load_registry()
     alias = next(a for a in reg.models if reg.recommended_draft(a))

@@ -40,7 +40,7 @@ class OracleDrafter:
     def route(self, context: Sequence[int]) -> str | None:
         return "oracle"
 
-    def propose(self, context, k, params, rng, *, budget=None) -> Proposal:  # type: ignore[no-untyped-def]
+    def propose(self, context, k, params, rng, *, budget=None, processor=None) -> Proposal:  # type: ignore[no-untyped-def]
         at = len(context) - len(self.prompt)
         return Proposal(tokens=self.reference[at : at + k])
 

@@ -65,7 +65,16 @@ def test_hub_probe_is_short_and_offline_is_respected(monkeypatch):
     hub_doc = doctor_json()["hub"]
     assert hub_doc["endpoint"] == "http://127.0.0.1:9"
     assert hub_doc["checked"] is True and hub_doc["reachable"] is False
-    assert hub_doc["seconds"] < doctor.HUB_TIMEOUT + 1
+
+    timeouts: list[float] = []
+
+    def probe(*, timeout: float) -> bool:
+        timeouts.append(timeout)
+        return False
+
+    monkeypatch.setattr(hub, "hub_reachable", probe)
+    doctor_json()
+    assert timeouts == [doctor.HUB_TIMEOUT]  # one probe, with the doctor's short timeout
 
     assert doctor_json("--offline")["hub"]["checked"] is False
 

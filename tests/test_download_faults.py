@@ -19,7 +19,8 @@ from typer.testing import CliRunner
 from specchat.cli.models import register
 from specchat.errors import DownloadError, ModelFileError, OfflineError
 from specchat.models import cache, files, hub, mirror
-from specchat.models.registry import load_registry, resolve
+from specchat.models.registry import resolve
+from specchat.models.registry_toml import load_registry
 
 from .standin_hub import (
     COMMIT,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import gguf
@@ -10,7 +9,8 @@ import numpy as np
 import pytest
 
 from specchat.errors import ModelFileError
-from specchat.models.gguf import GGML_TYPES, ArrayRef, read_gguf
+from specchat.models.ggml_types import GGML_TYPES
+from specchat.models.gguf import ArrayRef, read_gguf
 
 from .tiny_models import (
     CHATML_TEMPLATE,
@@ -139,9 +139,7 @@ def test_header_only_is_read(tmp_path: Path) -> None:
     header_end = path.stat().st_size
     with open(path, "r+b") as f:
         f.truncate(-(-header_end // 32) * 32 + 2 * n)
-    start = time.perf_counter()
     info = read_gguf(path)
-    assert time.perf_counter() - start < 0.5
     assert info.expected_size == info.file_size == path.stat().st_size
 
     with open(path, "r+b") as f:
@@ -238,9 +236,7 @@ def test_real_qwen(size: str) -> None:
     path = REAL_MODELS / f"qwen2.5-coder-{size}-instruct-q4_k_m.gguf"
     if not path.exists():
         pytest.skip(f"{path} is absent")
-    start = time.perf_counter()
     info = read_gguf(path)
-    assert time.perf_counter() - start < 1.0
     assert info.architecture == "qwen2" and info.file_type == "Q4_K_M"
     assert info.expected_size == info.file_size
     assert info.n_vocab == 151936 and info.n_head_kv == 2 and info.context_length == 32768

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import io
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,8 +15,9 @@ from typer.testing import CliRunner
 
 from specchat.cli.models import human_size, register
 from specchat.errors import DownloadError, ModelNotFound, OfflineError
-from specchat.models import cache, hub
-from specchat.models.registry import load_registry, resolve
+from specchat.models import cache, hub, hub_download
+from specchat.models.registry import resolve
+from specchat.models.registry_toml import load_registry
 
 from .standin_hub import COMMIT, Env, StandinHub, isolate, model_fields, tiny_gguf, write_registry
 
@@ -135,10 +135,8 @@ def test_offline_miss_names_the_pull_command_and_stays_off_the_network(
     monkeypatch: pytest.MonkeyPatch, standin: StandinHub
 ) -> None:
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    started = time.monotonic()
     with pytest.raises(OfflineError) as caught:
         hub.locate(resolve("tiny", load_registry()))
-    assert time.monotonic() - started < 2
     assert "`specchat pull tiny`" in str(caught.value)
     assert "\n" not in str(caught.value)
     assert standin.requests == []
@@ -149,11 +147,16 @@ def test_offline_miss_names_the_pull_command_and_stays_off_the_network(
     assert standin.requests == []
 
 
-def test_unreachable_hub_without_mirror_fails_fast(env: Env) -> None:
-    started = time.monotonic()
+def test_unreachable_hub_without_mirror_fails_at_the_probe(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One short probe decides: huggingface_hub, whose retries take minutes, is never asked."""
+
+    def asked(*_a: object, **_k: object) -> None:
+        raise AssertionError("huggingface_hub was asked although the Hub is unreachable")
+
+    monkeypatch.setattr(hub_download, "file_metadata", asked)
+    monkeypatch.setattr(hub_download, "pick_from_listing", asked)
     with pytest.raises(OfflineError, match="unreachable"):
         hub.pull(resolve("tiny", load_registry()), console=quiet())
-    assert time.monotonic() - started < 5
 
 
 # --- integrity ----------------------------------------------------------------------------------------------

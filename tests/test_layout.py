@@ -1,14 +1,17 @@
 """The package layout's import rules, checked on the source (every import, lazy ones inside functions
 and `if TYPE_CHECKING:` blocks included).
 
-- only `specchat/llama/` imports llama_cpp;
+- only `specchat/llama/` imports llama_cpp, only `specchat/models/` huggingface_hub;
 - `specchat/decoding/` imports nothing of llama, models, server, cli or bench (engines reach it through
   the `decoding.model.Model` protocol);
 - `specchat/server/` imports neither `specchat.llama` nor llama_cpp;
 - the foundations (`errors`, `store`, `terminal`) import no other part of specchat;
 - each sub-package imports only the parts below it (`ALLOWED`), so imports flow one way:
   cli -> server, bench, models -> llama -> decoding -> foundations;
-- the parts of specchat (its sub-packages and top-level modules) import each other without a cycle.
+- the parts of specchat (its sub-packages and top-level modules) import each other without a cycle;
+- no two modules import each other, directly or round a longer loop (a lazy import inside a function
+  counts: it hides the cycle from Python, not from a reader, who must read both modules to follow one);
+- no module is over `MAX_LINES` lines: split it by responsibility before it grows past that.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "specchat"
 FOUNDATIONS = {"errors", "store", "terminal"}
+#: the longest a module may be, in lines
+MAX_LINES = 600
 #: which other parts each sub-package may import (besides the foundations); cli may import every part
 ALLOWED: dict[str, set[str]] = {
     "decoding": set(),
@@ -38,7 +43,8 @@ def module_name(path: Path) -> str:
 
 
 def imports(path: Path) -> Iterator[tuple[int, str]]:
-    """(line, absolute module name) for every import statement in the file, wherever it is."""
+    """(line, absolute name) for every import statement in the file, wherever it is: the module for
+    `import m`, and `m.name` for each name of `from m import name` (a module or something in m)."""
     name = module_name(path)
     package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
@@ -51,10 +57,8 @@ def imports(path: Path) -> Iterator[tuple[int, str]]:
                 target = ".".join([*base, *([node.module] if node.module else [])])
             else:
                 target = node.module or ""
-            yield node.lineno, target
-            if target == "specchat" or (node.level and not node.module):  # `from . import hub`
-                for alias in node.names:
-                    yield node.lineno, f"{target}.{alias.name}"
+            for alias in node.names:
+                yield node.lineno, f"{target}.{alias.name}"
 
 
 MODULES = sorted(PACKAGE.rglob("*.py"))
@@ -80,7 +84,7 @@ def assert_none(rule: Callable[[Path, str], bool], what: str) -> None:
 def test_the_walk_sees_the_package():
     names = {module_name(p) for p in MODULES}
     assert {"specchat.decoding.loop", "specchat.llama.engine", "specchat.server.app"} <= names
-    assert any(t == "llama_cpp" for _p, _l, t in IMPORTS)
+    assert any(is_llama_cpp(t) for _p, _l, t in IMPORTS)
 
 
 def in_part(path: Path, name: str) -> bool:
@@ -93,6 +97,13 @@ def is_llama_cpp(target: str) -> bool:
 
 def test_only_the_llama_package_imports_llama_cpp():
     assert_none(lambda p, t: is_llama_cpp(t) and not in_part(p, "llama"), "llama_cpp outside specchat/llama")
+
+
+def test_only_the_models_package_talks_to_the_hub():
+    assert_none(
+        lambda p, t: t.split(".")[0] == "huggingface_hub" and not in_part(p, "models"),
+        "huggingface_hub outside specchat/models",
+    )
 
 
 def test_decoding_imports_no_engine_models_server_cli_or_bench():
@@ -151,3 +162,69 @@ def test_parts_import_each_other_without_a_cycle():
     for start in sorted(edges):
         if start not in state:
             visit(start, [start])
+
+
+def module_of(target: str, names: set[str]) -> str | None:
+    """The specchat module an import's target names: the module itself, or for `from P import n`
+    given as `P.n` where n is not a module, the package P (its `__init__`); None outside specchat."""
+    while target and target not in names:
+        target = target.rpartition(".")[0]
+    return target or None
+
+
+def module_graph() -> dict[str, dict[str, str]]:
+    """module -> {module it imports: one import that makes the edge}, every import counted."""
+    names = {module_name(p) for p in MODULES}
+    edges: dict[str, dict[str, str]] = {}
+    for p, line, target in IMPORTS:
+        src, dst = module_name(p), module_of(target, names)
+        if dst is not None and dst != src:
+            edges.setdefault(src, {}).setdefault(dst, f"{where(p, line)} imports {target}")
+    return edges
+
+
+def find_cycle(edges: dict[str, dict[str, str]]) -> list[str] | None:
+    """One cycle in the graph, as the nodes round it (the first repeated at the end), or None."""
+    state: dict[str, str] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = "open"
+        stack.append(node)
+        for nxt in sorted(edges.get(node, {})):
+            if state.get(nxt) == "open":
+                return [*stack[stack.index(nxt) :], nxt]
+            if nxt not in state and (found := visit(nxt)) is not None:
+                return found
+        stack.pop()
+        state[node] = "done"
+        return None
+
+    for start in sorted(edges):
+        if start not in state and (found := visit(start)) is not None:
+            return found
+    return None
+
+
+def test_the_cycle_search_finds_and_names_a_cycle():
+    edges = {"a": {"b": "a:1 imports b"}, "b": {"c": "b:2 imports c"}, "c": {"a": "c:3 imports a"}}
+    assert find_cycle(edges) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b": ""}, "b": {}}) is None
+
+
+def test_modules_import_each_other_without_a_cycle():
+    edges = module_graph()
+    assert "specchat.models.registry" in edges["specchat.models.loader"]  # the walk resolves relative ones
+    cycle = find_cycle(edges)
+    if cycle is not None:
+        links = [edges[a][b] for a, b in itertools.pairwise(cycle)]
+        pytest.fail("import cycle " + " -> ".join(cycle) + ":\n  " + "\n  ".join(links))
+
+
+def test_no_module_is_over_the_line_limit():
+    long = {
+        str(p.relative_to(PACKAGE.parent)): n
+        for p in MODULES
+        if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES
+    }
+    assert not long, f"modules over {MAX_LINES} lines (split each by responsibility): {long}"

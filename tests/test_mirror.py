@@ -15,7 +15,8 @@ from typer.testing import CliRunner
 from specchat.cli.models import register
 from specchat.errors import BadInput, DownloadError
 from specchat.models import cache, hub, mirror
-from specchat.models.registry import load_registry, resolve
+from specchat.models.registry import resolve
+from specchat.models.registry_toml import load_registry
 
 from .standin_hub import Env, StandinHub, build_chunk_wheels, isolate, model_fields, tiny_gguf, write_registry
 
@@ -78,7 +79,7 @@ def test_mirror_joins_checks_and_places_the_file(env: Env, monkeypatch: pytest.M
         renames.append((Path(src).name, Path(src).stat().st_size, Path(dst).exists()))
         real_replace(src, dst)
 
-    monkeypatch.setattr(hub.os, "replace", spy_replace)
+    monkeypatch.setattr(mirror.os, "replace", spy_replace)
     path = hub.pull(resolve("mirrored", load_registry()), source="mirror", console=quiet())
 
     assert path == final_path(env)

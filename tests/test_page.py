@@ -41,6 +41,14 @@ def page_config(html: str) -> dict[str, object]:
 # --- what is served ---------------------------------------------------------------------------------------
 
 
+def test_every_colour_of_the_legend_is_a_css_variable_in_each_theme():
+    """A token source's colour (decoding/events.py's STYLES) is `--c-<colour>` on the page, defined
+    three times: light, dark by the system's preference, dark by the user's choice."""
+    html = render_page(model="m", api_key=False, drafter_sources=[])
+    for colour in {c or "default" for c in STYLES.values()}:
+        assert html.count(f"--c-{colour}:") == 3, colour
+
+
 def test_the_page_is_served_without_a_key_and_holds_none(tiny_engine):
     with serving(tiny_engine, api_key="s3cret") as url:
         base = url.removesuffix("/v1")

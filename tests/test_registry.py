@@ -11,12 +11,11 @@ from specchat.models.registry import (
     ModelRef,
     Registry,
     RegistryError,
-    load_registry,
     pick_quant_file,
     registry_path,
     resolve,
 )
-from specchat.models.registry_toml import parse_registry
+from specchat.models.registry_toml import load_registry, parse_registry
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 

@@ -398,7 +398,7 @@ def test_request_defaults_and_accepted_forms():
         "stop": "END",
         "stream": True,
         "stream_options": {"include_usage": True},
-        "logit_bias": {"1": 2},
+        "user": "someone",  # a field this server does not use: ignored
     }
     req = parse_request("chat", body, d)
     assert req.messages == (
@@ -473,6 +473,7 @@ runner = CliRunner()
         (["--queue", "-1"], "--queue"),
         (["--api-key", " "], "--api-key"),
         (["--top-p", "2"], "--top-p"),
+        (["--port", "0", "--logit-bias", "99999999=1"], "--logit-bias names token 99999999"),  # once loaded
     ],
 )
 def test_serve_bad_options_are_one_line(tiny_target, args, needle):

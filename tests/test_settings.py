@@ -28,7 +28,9 @@ def out_of_range(s: Setting) -> list[int | float]:
     return [s.type(v) for v in bad]
 
 
-CASES = [(s, v) for s in SETTINGS for v in out_of_range(s)]
+NUMBERS = [s for s in SETTINGS if not s.per_token]
+PER_TOKEN = [s for s in SETTINGS if s.per_token]
+CASES = [(s, v) for s in NUMBERS for v in out_of_range(s)]
 IDS = [f"{s.name}={v:g}" for s, v in CASES]
 
 
@@ -37,8 +39,9 @@ def test_the_table_is_the_params_fields_and_their_defaults():
     defaults = SamplingParams()
     for s in SETTINGS:
         assert getattr(defaults, s.name) == s.default and isinstance(s.default, s.type)
-        assert s.default in s.range, s.name
+        assert s.default == () if s.per_token else s.default in s.range, s.name
         assert s.flag.startswith("--") and s.help
+    assert [s.name for s in PER_TOKEN] == ["logit_bias"]
     assert SETTINGS[0].flag == "--temp"  # the one flag that is not --the-name
 
 
@@ -68,7 +71,7 @@ def test_every_command_has_every_setting_with_its_help_and_default(command):
     for s in SETTINGS:
         line = next((x for x in lines if x.startswith("│") and f" {s.flag} " in x), None)
         assert line is not None, (command, s.flag)
-        assert s.help in line and f"[default: {s.default}]" in line, line
+        assert s.help in line and (s.per_token or f"[default: {s.default}]" in line), line
         if command == "serve":  # there they are the defaults of requests that leave them out
             assert f"send no `{s.name}`" in line
 
@@ -136,3 +139,65 @@ def test_request_settings_reach_the_sampler(tiny_url):
         return r.json()["choices"][0]["text"]
 
     assert text(temperature=1.5, min_p=0.999, seed=3) == text(temperature=0)
+
+
+# --- per-token settings (logit_bias): ID=VALUE pairs on the command line, a JSON object over HTTP --------
+
+
+@pytest.mark.parametrize("setting", PER_TOKEN, ids=[s.name for s in PER_TOKEN])
+def test_per_token_values_are_held_as_sorted_pairs_and_checked(setting):
+    params = SamplingParams(**{setting.name: {7: 1, 3: -2.5}})
+    assert getattr(params, setting.name) == ((3, -2.5), (7, 1.0)) and hash(params)
+    assert setting.parse_pairs(["7=1,3=-2.5", "3=4"]) == ((3, 4.0), (7, 1.0))  # repeated: the last wins
+    hi = setting.range.hi
+    assert hi is not None
+    for bad, says in (
+        ({0: hi + 1}, f"values must be {setting.range} (got {hi + 1:g} for token 0)"),
+        ({-1: 0.0}, "token ids must be integers >= 0 (got -1)"),
+        ({"5": 1.0}, "token ids must be integers >= 0 (got '5')"),
+        ({5: "x"}, "must map token ids to numbers"),
+        ([1, 2], "must map token ids to numbers"),
+    ):
+        with pytest.raises(SettingError) as info:
+            SamplingParams(**{setting.name: bad})
+        assert info.value.line("x") == f"x {says}"
+    with pytest.raises(SettingError) as info:
+        params.check_vocab(5)
+    assert info.value.line(setting.name) == f"{setting.name} names token 7, beyond the vocabulary (ids 0-4)"
+    params.check_vocab(8)
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("0=101", "values must be in [-100, 100] (got 101 for token 0)"),
+        ("5", "takes ID=VALUE pairs (got '5')"),
+    ],
+)
+def test_a_bad_per_token_value_on_the_command_line_is_one_line(command, text, says):
+    for s in PER_TOKEN:
+        res = runner.invoke(app, [command, "no-such-model.gguf", s.flag, text])
+        assert res.exit_code == 2, res.output
+        lines = res.stderr.strip().splitlines()
+        assert lines == [f"error: {s.flag} {says}"]
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [
+        ({"0": 101}, "values must be in [-100, 100] (got 101 for token 0)"),
+        ({"x": 1}, "keys must be token ids (got 'x')"),
+        ({"1": "x"}, "values must be numbers, not a string (token 1)"),
+        ({"-3": 1}, "token ids must be integers >= 0 (got -3)"),
+        ([1], "must be an object mapping token ids to numbers, not an array"),
+    ],
+)
+def test_a_bad_per_token_field_in_a_request_is_a_400_naming_it(value, says):
+    for s in PER_TOKEN:
+        with pytest.raises(ApiError) as info:
+            parse_request("completion", {"prompt": "x", s.name: value}, Defaults(max_tokens=8))
+        assert info.value.status == 400 and info.value.param == s.name
+        assert info.value.message == f"{s.name} {says}"
+    req = parse_request("completion", {"prompt": "x", "logit_bias": {"9": -100, "2": 5}}, Defaults(8))
+    assert req.params.logit_bias == ((2, 5.0), (9, -100.0))

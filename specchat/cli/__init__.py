@@ -12,8 +12,11 @@ May import every other part of specchat; nothing in specchat imports the CLI (on
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
 
+from .. import __version__
 from . import bench, chat, doctor, models, run, serve
 
 app = typer.Typer(
@@ -30,6 +33,24 @@ app = typer.Typer(
     rich_markup_mode="rich",
     context_settings={"help_option_names": ["-h", "--help"]},
 )
+
+
+def _print_version(wanted: bool) -> None:
+    """`--version`: print the installed version and stop before any command runs."""
+    if wanted:
+        typer.echo(f"specchat {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_print_version, is_eager=True, help="Print the version and exit."),
+    ] = False,
+) -> None:
+    # the app's own options (the commands have theirs): Typer runs this before any command
+    return None
 
 
 def _register_commands(app: typer.Typer) -> None:

@@ -39,7 +39,6 @@ from .options import (
     TargetArg,
     ThreadsOpt,
     VerboseOpt,
-    default_drafts,
 )
 
 if TYPE_CHECKING:
@@ -257,11 +256,11 @@ def _references(exe: Path, loaded: Loaded, max_tokens: int, opts: Options) -> di
 
 
 def bench_drafts(target: str) -> tuple[str, ...]:
-    """What `bench` compares without --draft: the default drafts `run` would use, plus the model-free
-    n-gram drafter (once, should the defaults already include it)."""
-    from ..decoding.registry import NGRAM
+    """What `bench` compares without --draft: the default drafts `run` would use (the recommended
+    draft model and the registry's default model-free drafters), each alone and routed together."""
+    from ..models.loader import default_drafts
 
-    return tuple(dict.fromkeys((*default_drafts(target), NGRAM)))
+    return default_drafts(target)
 
 
 def _prepare(loaded: Loaded, suite: list[BenchPrompt], max_tokens: int, err: Console) -> list[PreparedPrompt]:
@@ -369,16 +368,17 @@ def _print_export(fmt: str, opts: Options, drafts: tuple[str, ...], *, err: Cons
     """The server command line on stdout (copy-pasteable), notes about it on stderr."""
     from ..bench.export import llama_server_command, vllm_command
     from ..decoding.planner import K_MAX
-    from ..decoding.registry import NGRAM, is_model_free, make
+    from ..decoding.registry import NGRAM, is_model_free, make, split
 
     target = _server_model(opts.target)
     models = [_server_model(d) for d in drafts if not is_model_free(d)]
+    ngrams = [d for d in drafts if is_model_free(d) and split(d)[0] == NGRAM]  # as given, options and all
     if fmt == "vllm":
-        ngram = make(NGRAM)  # its lookup window, for vLLM's equivalent method
+        ngram = make(ngrams[0] if ngrams else NGRAM)  # its lookup window, for vLLM's equivalent method
         argv, notes = vllm_command(
             target,
             models,
-            ngram=NGRAM in drafts,
+            ngram=bool(ngrams),
             num_speculative_tokens=K_MAX,
             ngram_min=ngram.min_n,
             ngram_max=ngram.max_n,
@@ -388,7 +388,7 @@ def _print_export(fmt: str, opts: Options, drafts: tuple[str, ...], *, err: Cons
         argv, notes = llama_server_command(
             target,
             models,
-            ngram=NGRAM in drafts,
+            ngram=bool(ngrams),
             draft_max=K_MAX,
             p_min=opts.draft_p_min,
             gpu_layers=opts.gpu_layers,
@@ -397,7 +397,7 @@ def _print_export(fmt: str, opts: Options, drafts: tuple[str, ...], *, err: Cons
             threads=opts.threads,
         )
         notes.append("for vLLM's equivalent (--speculative-config), use --export vllm")
-    own = [d for d in drafts if is_model_free(d) and d != NGRAM]  # model-free, with no counterpart there
+    own = [d for d in drafts if is_model_free(d) and d not in ngrams]  # model-free, with no counterpart there
     if own:
         notes.append(f"left out: {', '.join(own)} (specchat's own model-free drafters, no equivalent there)")
     print(shlex.join(argv))
@@ -410,7 +410,8 @@ def _server_model(spec: str) -> ServerModel:
     downloading anything), else the Hub repository llama-server can fetch itself."""
     from ..bench.export import ServerModel
     from ..models.cache import cached_path
-    from ..models.registry import load_registry, resolve
+    from ..models.registry import resolve
+    from ..models.registry_toml import load_registry
 
     ref = resolve(spec, load_registry())
     if ref.path is not None:

@@ -33,7 +33,7 @@ from ..decoding.session import (
 )
 from ..errors import SpecchatError
 from . import render
-from .common import err_console, fail_line, load_models, out_console
+from .common import check_vocab, err_console, fail_line, load_models, out_console
 
 if TYPE_CHECKING:
     from .options import Options
@@ -51,6 +51,7 @@ def start_chat(opts: Options, *, no_color: bool = False) -> None:
     drafts = opts.drafts_to_load(announce=lambda line: err.print(f"[dim]{escape(line)}[/]", soft_wrap=True))
     loaded = load_models(opts.load_config(drafts), err)
     try:
+        check_vocab(opts.params, loaded.target.n_vocab)  # a --logit-bias id: now, not at every message
         for w in loaded.warnings:
             err.print(f"[yellow]warning:[/] {escape(w)}", highlight=False)
         session = ChatSession(

@@ -21,6 +21,7 @@ from rich.markup import escape
 from ..errors import BadInput, SpecchatError
 
 if TYPE_CHECKING:
+    from ..decoding.settings import SamplingParams
     from ..models.loader import LoadConfig, Loaded
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -123,3 +124,14 @@ def load_models(cfg: LoadConfig, err: Console, *, quiet: bool = False) -> Loaded
         return loader.load(cfg, console=err)
     with err.status("loading models…") as status:
         return loader.load(cfg, note=status.update, console=err)
+
+
+def check_vocab(params: SamplingParams, n_vocab: int) -> None:
+    """One line naming the flag when a per-token setting (`--logit-bias`) names a token the loaded
+    model lacks: checked once the model is loaded, before the first answer (or request)."""
+    from ..decoding.settings import SettingError
+
+    try:
+        params.check_vocab(n_vocab)
+    except SettingError as exc:
+        raise BadInput(str(exc)) from None

@@ -342,7 +342,8 @@ def cached_models() -> dict[str, Any]:
     """
     from specchat.errors import SpecchatError
     from specchat.models.cache import cached_path
-    from specchat.models.registry import load_registry, resolve
+    from specchat.models.registry import resolve
+    from specchat.models.registry_toml import load_registry
 
     alias_of: dict[str, str] = {}
     registry_path: str | None = None

@@ -24,7 +24,8 @@ from specchat.errors import BadInput
 from specchat.models import hub
 from specchat.models.cache import cached_path
 from specchat.models.files import human_size  # defined there; tests import it from here too
-from specchat.models.registry import ModelEntry, ModelRef, Registry, load_registry, resolve
+from specchat.models.registry import ModelEntry, ModelRef, Registry, resolve
+from specchat.models.registry_toml import load_registry
 
 
 class Source(str, Enum):

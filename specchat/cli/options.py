@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 
-from ..decoding.registry import NGRAM, described, is_model_free
+from ..decoding.registry import FORM, described, is_model_free, make
 from ..decoding.settings import CTX_SIZE, MAX_TOKENS, SETTINGS, SamplingParams, SettingError
 from ..errors import BadInput
 from .common import check_range
@@ -55,9 +55,10 @@ DraftOpt = Annotated[
     typer.Option(
         "--draft",
         "-d",
-        help=f"Draft model (same forms as TARGET), or a model-free drafter: {described()}. "
-        "Repeat to give several. Default: the target's recommended draft model and `ngram` (routed "
-        "per round by the cost model), or `ngram` alone for a target outside the registry.",
+        help=f"Draft model (same forms as TARGET), or a model-free drafter: {described()}; "
+        f"configure one as {FORM} (e.g. `ngram:max_n=12,min_n=3`). Repeat to give several. "
+        "Default: the target's recommended draft model and `ngram` (routed per round by the cost "
+        "model), or `ngram` alone for a target outside the registry.",
     ),
 ]
 NoDraftOpt = Annotated[
@@ -137,12 +138,14 @@ def sampling_options(*, for_requests: bool = False) -> Callable[[F], F]:
             inspect.Parameter(
                 s.name,
                 inspect.Parameter.POSITIONAL_OR_KEYWORD,
-                default=s.default,
+                # a per-token setting is ID=VALUE text, repeatable: a list of strings, None when not given
+                default=None if s.per_token else s.default,
                 annotation=Annotated[
-                    s.type,  # type: ignore[valid-type]
+                    list[str] | None if s.per_token else s.type,  # type: ignore[valid-type]
                     typer.Option(
                         s.flag,
                         help=f"{s.help} For requests that send no `{s.name}`." if for_requests else s.help,
+                        metavar="ID=VALUE" if s.per_token else None,
                     ),
                 ],
             )
@@ -156,6 +159,11 @@ def sampling_options(*, for_requests: bool = False) -> Callable[[F], F]:
         def command(*args: Any, **kwargs: Any) -> Any:
             given = {s.name: kwargs.pop(s.name) for s in SETTINGS if s.name in kwargs}
             try:
+                for s in SETTINGS:
+                    if s.per_token:
+                        texts = given.pop(s.name, None)
+                        if texts:
+                            given[s.name] = s.parse_pairs(texts)
                 sampling = SamplingParams(**given)
             except SettingError as exc:
                 raise BadInput(str(exc)) from None
@@ -178,24 +186,6 @@ def parse_k(k: str) -> int | None:
         raise BadInput(f"-k/--draft-tokens must be a number >= 0 or `auto` (got {k!r})") from None
     check_range("-k/--draft-tokens", k_val, 0, 64)
     return k_val
-
-
-def default_drafts(target: str) -> tuple[str, ...]:
-    """The drafts a target gets when the user names none: the registry's recommended draft model
-    and n-gram prompt lookup, routed per round by the auto planner.
-
-    Both, because they win on different text: n-gram lookup is free and right on whatever copies
-    the context (edits, rewrites, chat revisions), a draft model on fresh text where the verify batch
-    is cheap (GPU/Metal). The planner drafts with neither where neither pays. A target outside the
-    registry gets n-gram lookup alone. The one place that decides it, for every command. hf: and
-    ORG/REPO:QUANT targets that are in the registry count too, since `resolve` finds their alias.
-    """
-    from ..models.registry import load_registry, resolve
-
-    reg = load_registry()
-    ref = resolve(target, reg)
-    rec = reg.recommended_draft(ref.alias) if ref.alias else None
-    return (rec, NGRAM) if rec else (NGRAM,)
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,6 +223,9 @@ class Options:
         check_range("--threads", self.threads, 1)
         if self.p_min is not None and not (0 <= self.p_min <= 1):
             raise BadInput(f"--draft-p-min must be in [0, 1] (got {self.p_min})")
+        for spec in self.drafts:
+            if is_model_free(spec) and ":" in spec:
+                make(spec)  # its options, checked now: a typo is one line before anything loads
 
     @property
     def draft_p_min(self) -> float:
@@ -249,11 +242,14 @@ class Options:
             return ()
         if self.drafts:
             return tuple(dict.fromkeys(self.drafts))  # a drafter given twice is loaded once
+        from ..models.loader import default_drafts
+
         chosen = default_drafts(self.target)
         models = [d for d in chosen if not is_model_free(d)]
         if models and announce is not None:  # a draft model the user did not name: say which
+            free = "".join(f" and `{d}`" for d in chosen if is_model_free(d))
             announce(
-                f"using the recommended draft {' + '.join(models)} and n-gram lookup where they pay "
+                f"using the recommended draft {' + '.join(models)}{free} where they pay "
                 "(--no-draft for plain decoding)"
             )
         return chosen

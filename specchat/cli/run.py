@@ -138,10 +138,7 @@ def generate_one(
                 err.print(f"[dim]{escape(line)}[/]", highlight=False, soft_wrap=True)
         rng = np.random.default_rng(opts.seed)
         tally = Tally()
-        sources = sources_for([d.source for d in loaded.drafters])
-        if not as_json and loaded.drafters:
-            err.print(render.legend(sources))
-        gen = answer_events(
+        gen = answer_events(  # settings the model cannot take (a logit_bias id) fail here, before output
             loader.LoadedEngine(loaded),
             tokens,
             drafters=loaded.drafters,
@@ -151,6 +148,9 @@ def generate_one(
             rng=rng,
             tally=tally,
         )
+        sources = sources_for([d.source for d in loaded.drafters])
+        if not as_json and loaded.drafters:
+            err.print(render.legend(sources))
         stream = render.TokenStream(out_console(no_color)) if not as_json else None
         shown = render.consume(gen, stream, tally)
         why = getattr(planner, "explain", lambda _names: None)([d.name for d in loaded.drafters])

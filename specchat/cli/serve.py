@@ -23,7 +23,7 @@ from rich.markup import escape
 
 from ..decoding.settings import CTX_SIZE, SamplingParams
 from ..errors import BadInput
-from .common import check_range, err_console, guarded, load_models
+from .common import check_range, check_vocab, err_console, guarded, load_models
 from .options import (
     DEFAULT_SAMPLING,
     CtxOpt,
@@ -159,6 +159,7 @@ def serve(
         )
         loaded = load_models(opts.load_config(drafts), err)
         try:
+            check_vocab(opts.params, loaded.target.n_vocab)  # the requests' default --logit-bias
             _serve_loaded(
                 loaded, opts, sock, host=host, api_key=api_key, queue=queue, cache_ram=cache_ram, err=err
             )

@@ -38,6 +38,7 @@ import numpy as np
 
 from .drafters import MATCH_HORIZON, MATCH_ROUTES, NGRAM_ROUTE_PRIORS, DraftBudget, Proposal, match_route
 from .events import Source
+from .processors import AnswerProcessor
 from .sampling import SamplingParams
 
 #: Answers remembered at most (the oldest is forgotten first)
@@ -193,6 +194,7 @@ class AnswersDrafter:
         rng: np.random.Generator,
         *,
         budget: DraftBudget | None = None,
+        processor: AnswerProcessor | None = None,
     ) -> Proposal:
         """What followed the match in the remembered answer, up to k tokens or that answer's end."""
         start = time.perf_counter()

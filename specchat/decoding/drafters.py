@@ -18,6 +18,7 @@ import numpy as np
 from .copying import CopyFollower
 from .events import Source
 from .model import Model, common_prefix_len, sync_cache
+from .processors import AnswerProcessor
 from .sampling import SamplingParams, probs, sample, top_prob
 
 
@@ -99,10 +100,16 @@ class Drafter(Protocol):
         rng: np.random.Generator,
         *,
         budget: DraftBudget | None = None,
+        processor: AnswerProcessor | None = None,
     ) -> Proposal:
         """Up to k tokens likely to follow `context` (the committed tokens, last one included).
         A drafter that knows how sure it is stops once the chance that all its tokens so far are
-        right falls below the `budget`'s floor (the planner's price of one more token)."""
+        right falls below the `budget`'s floor (the planner's price of one more token).
+
+        `processor`: the answer's logits processors (penalties, logit bias: processors.py), or None.
+        A drafter that draws from logits applies it to each row before drawing,
+        `processor(context, row, drafted_so_far)`, so its drafts follow the adjusted target and its
+        q is what it drew from; a lookup has no logits and ignores it."""
         ...
 
     def lag(self, context: Sequence[int]) -> int:
@@ -167,10 +174,11 @@ class ModelDrafter:
         rng: np.random.Generator,
         *,
         budget: DraftBudget | None = None,
+        processor: AnswerProcessor | None = None,
     ) -> Proposal:
         """Draft greedily (or by sampling) until k tokens, a token below `p_min`, or the chance that
         every token so far is accepted (the budget's calibrated confidences, multiplied) below the
-        budget's floor."""
+        budget's floor. Each row is adjusted by `processor` first, as the target's will be."""
         start = time.perf_counter()
         out = Proposal(q=None if params.greedy else [])
         room = self._model.n_ctx - len(context)
@@ -185,6 +193,8 @@ class ModelDrafter:
         reach = 1.0
         for i in range(k):
             assert logits is not None
+            if processor is not None:
+                logits = processor(context, logits, out.tokens)
             if params.greedy:
                 tok, conf = top_prob(logits)
             else:
@@ -314,6 +324,8 @@ class NgramDrafter:
         learn_edits: bool = True,
         resync: bool = True,
     ) -> None:
+        if not 1 <= min_n <= max_n:
+            raise ValueError(f"min_n and max_n must satisfy 1 <= min_n <= max_n (got {min_n} and {max_n})")
         self.name = name
         self.max_n = max_n
         self.min_n = min_n
@@ -395,6 +407,7 @@ class NgramDrafter:
         rng: np.random.Generator,
         *,
         budget: DraftBudget | None = None,
+        processor: AnswerProcessor | None = None,
     ) -> Proposal:
         """Copy on from the match for up to k tokens, rolling past the end of the context.
 

@@ -3,7 +3,8 @@
 Each round:
   1. the planner picks a drafter and a draft length k (k = 0: plain decoding this round);
   2. the drafter proposes up to k tokens d1..dk after the committed context;
-  3. the target decodes [last, d1..dk] in ONE batch, giving k+1 logits rows;
+  3. the target decodes [last, d1..dk] in ONE batch, giving k+1 logits rows (each adjusted by the
+     settings' logits processors for the answer so far plus the drafts before it: processors.py);
   4. drafts are checked in order (argmax at temperature 0, the min(1, p/q) rule when sampling); the
      first rejection is replaced by the target's own token (a correction); if all pass, the target's
      last row gives one more token (a bonus);
@@ -30,6 +31,7 @@ from .drafters import DraftBudget, Drafter, Proposal
 from .events import Done, DrafterStats, Event, Notice, Round, RouteStats, Source, Stats, Token
 from .logprobs import TokenLogprob, token_logprob
 from .model import Model, common_prefix_len, sync_cache
+from .processors import AnswerProcessor, LogitsProcessor, ProcessedRows, for_params
 from .sampling import SamplingParams, align, greedy, greedy_gap, probs, sample, verify
 from .settings import MAX_TOKENS
 
@@ -68,7 +70,9 @@ class Planner(Protocol):
 
 @dataclass(slots=True)
 class FixedK:
-    """Always draft k tokens with the first drafter (its confidence stop may end a round sooner)."""
+    """Always draft k tokens (a drafter's confidence stop may end a round sooner), with the first
+    drafter, in the order given, that has something to propose this round: `--draft ngram --draft
+    MODEL -k 4` copies where the context repeats and runs the model elsewhere."""
 
     k: int
 
@@ -76,13 +80,15 @@ class FixedK:
         self, max_k: int, routes: Sequence[str | None], lags: Sequence[int] = ()
     ) -> tuple[int | None, int]:
         k = min(self.k, max_k)
-        return (0, k) if k > 0 and routes and routes[0] is not None else (None, 0)
+        which = next((i for i, route in enumerate(routes) if route is not None), None)
+        return (which, k) if k > 0 and which is not None else (None, 0)
 
     def observe(self, rnd: Round, drafter: int | None) -> None:
         return None
 
     def begin_answer(self, lags: Sequence[int], max_new: int) -> list[bool]:
-        return [i == 0 and self.k > 0 for i in range(len(lags))]  # -k N: the user chose to draft
+        # -k N: the user chose to draft, and any drafter may be the first with a proposal in a round
+        return [self.k > 0] * len(lags)
 
     def observe_prefill(self, drafter: int, tokens: int, seconds: float) -> None:
         return None
@@ -114,6 +120,9 @@ class Settings:
     #: by up to ~0.1 in log-probability on a CPU (another GEMM), and the logprobs are the model's
     #: own, equal to plain decoding's; the tokens are the same either way
     logprobs: int | None = None
+    #: logits processors of the caller's own, applied after those the sampling settings ask for
+    #: (penalties, logit bias: processors.for_params) to every row a token is decided from
+    processors: tuple[LogitsProcessor, ...] = ()
 
 
 @dataclass(slots=True)
@@ -231,6 +240,8 @@ def generate(
     detok = Detokenizer(target)
     committed = list(prompt)
     n_prompt = len(prompt)
+    processor = for_params(params, settings.processors)  # None: no setting needs the answer so far
+    answer = AnswerProcessor(processor, n_prompt) if processor is not None else None
     margin = settings.tie_margin if params.greedy else 0.0
     recheck = False  # the last round stopped at a near-tie: evaluate the next token alone
     # first committed position whose K/V a non-exact batch wrote (None: the cache is what one-token
@@ -281,14 +292,20 @@ def generate(
             which, k = planner.plan(max_k, routes, lags) if routes else (None, 0)
             drafter = drafters[which] if which is not None and k > 0 else None
             proposal = (
-                drafter.propose(committed, k, params, rng, budget=planner.draft_budget(which))
+                drafter.propose(
+                    committed, k, params, rng, budget=planner.draft_budget(which), processor=answer
+                )
                 if drafter is not None and which is not None
                 else Proposal()
             )
             del proposal.tokens[max_k:]
             n_draft = len(proposal.tokens)
             t_verify = time.perf_counter()
-            rows = target.decode([committed[-1], *proposal.tokens], range(n_draft + 1))
+            rows: np.ndarray | ProcessedRows = target.decode(
+                [committed[-1], *proposal.tokens], range(n_draft + 1)
+            )
+            if answer is not None:  # row i as plain decoding would see it: the answer so far + d1..d_i
+                rows = answer.rows(rows, committed, proposal.tokens)
             # a one-token batch is evaluated exactly as plain decoding does, and so is one within the
             # measured exact batch size: no margin needed there -- unless earlier batches left K/V
             # in the cache that one-token decoding would not have written
@@ -403,10 +420,14 @@ def _repair(target: Model, committed: Sequence[int], start: int, rows: int) -> N
 
 
 def _logprobs(
-    rows: np.ndarray | Sequence[np.ndarray], new: Sequence[int], params: SamplingParams, n_top: int
+    rows: np.ndarray | ProcessedRows | Sequence[np.ndarray],
+    new: Sequence[int],
+    params: SamplingParams,
+    n_top: int,
 ) -> list[TokenLogprob]:
     """Each committed token's log-probability under the target row that decided it (never a
-    draft's): row i decided new[i] (see _verify)."""
+    draft's), as decided: processed (processors.py) and, under a constraint, masked. Row i decided
+    new[i] (see _verify)."""
     return [token_logprob(rows[i], tok, params, n_top) for i, tok in enumerate(new)]
 
 
@@ -417,7 +438,7 @@ def _target_source(n_draft: int, n_ok: int) -> Source:
 
 
 def _verify(
-    rows: np.ndarray,
+    rows: np.ndarray | ProcessedRows,
     proposal: Proposal,
     params: SamplingParams,
     rng: np.random.Generator,

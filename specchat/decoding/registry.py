@@ -2,8 +2,15 @@
 
 A drafter that runs a model is given as a model reference (alias, path, `hf:...`) and the loader
 wraps it in ModelDrafter; a name found here is built by its factory instead. The loader, the
-command-line options (`--draft`'s help lists these entries), the bench and its exports all read this
-table, so a new model-free drafter is its own module plus one entry here (docs/extending.md).
+command-line options (`--draft`'s help lists these entries), the default drafters of every command
+(`default` entries), the bench and its exports all read this table, so a new model-free drafter is
+its own module plus one entry here (docs/extending.md).
+
+A drafter is configured where it is named: `--draft ngram:max_n=12,min_n=3` builds the n-gram
+drafter with `max_n=12, min_n=3`. The options are its constructor's keyword parameters (each with a
+default of type bool, int, float or str, which says how its text is read); an unknown option or a
+value the constructor refuses is one line naming the drafter and what it takes. A drafter given
+options is named by its whole spec in the stats, so two differently configured ones stay apart.
 
 Imports only the standard library: `--draft`'s help is written from this table when the command
 line starts, and `specchat --help` must stay instant, so a drafter's module (numpy and all) is
@@ -13,36 +20,99 @@ imported only when one is built.
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING
+
+from ..errors import BadInput
 
 if TYPE_CHECKING:
     from .drafters import Drafter
 
 #: the n-gram prompt-lookup drafter's name on the command line and in requests' logs
 NGRAM = "ngram"
+#: how `--draft` writes a model-free drafter with options
+FORM = "NAME:key=value[,key=value]"
+#: what a text option value may say for true and for false
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+#: a constructor parameter the spec sets itself (the drafter's name in the stats), never an option
+_RESERVED = ("name",)
 
 
 @dataclass(frozen=True, slots=True)
 class ModelFree:
-    """A model-free drafter: its name, where its class is, and a line for --help."""
+    """A model-free drafter: its name, where its class is, a line for --help, and whether every
+    command uses it when the user names no drafter."""
 
     name: str
-    #: "module:Class" under specchat.decoding; the class is built with no arguments
+    #: "module:Class" under specchat.decoding; its keyword parameters with defaults are the options
     factory: str
     help: str
+    #: among the drafters `run`, `chat`, `serve` and `bench` use when none is named (`defaults()`)
+    default: bool = False
 
-    def make(self) -> Drafter:
-        module, _, cls = self.factory.partition(":")
-        drafter: Drafter = getattr(importlib.import_module(f".{module}", __package__), cls)()
+    def options(self) -> dict[str, object]:
+        """The options this drafter takes, with their defaults (its constructor's parameters)."""
+        params = inspect.signature(self._class()).parameters.values()
+        return {
+            p.name: p.default
+            for p in params
+            if p.default is not inspect.Parameter.empty
+            and p.name not in _RESERVED
+            and isinstance(p.default, bool | int | float | str)
+        }
+
+    def make(self, **options: object) -> Drafter:
+        """A new drafter built with `options` (text values, as `--draft` gives them, are read as the
+        option's type). BadInput naming the drafter for an unknown option or a refused value."""
+        takes = self.options()
+        given = {}
+        for key, value in options.items():
+            if key not in takes:
+                raise BadInput(
+                    f"drafter {self.name} has no option {key!r}",
+                    f"it takes {', '.join(f'{k}={v}' for k, v in takes.items()) or 'none'} (--draft {FORM})",
+                )
+            given[key] = _converted(self.name, key, value, takes[key])
+        try:
+            drafter: Drafter = self._class()(**given)
+        except (TypeError, ValueError) as exc:
+            raise BadInput(f"drafter {self.name}: {exc}", f"--draft {FORM}") from None
         return drafter
+
+    def _class(self) -> type:
+        module, _, cls = self.factory.partition(":")
+        found: type = getattr(importlib.import_module(f".{module}", __package__), cls)
+        return found
+
+
+def _converted(drafter: str, key: str, value: object, default: object) -> object:
+    """`value` as the type of the option's default; BadInput when it cannot be read as one."""
+    kind = type(default)
+    if not isinstance(value, str):
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            return float(value)
+        if type(value) is kind:
+            return value
+    text = str(value).strip()
+    try:
+        if kind is bool:
+            if text.lower() in _TRUE + _FALSE:
+                return text.lower() in _TRUE
+            raise ValueError(text)
+        return kind(text)
+    except ValueError:
+        what = {bool: "true or false", int: "an integer", float: "a number"}.get(kind, "text")
+        raise BadInput(f"drafter {drafter}: {key} must be {what} (got {text!r})", f"--draft {FORM}") from None
 
 
 MODEL_FREE: Mapping[str, ModelFree] = MappingProxyType(
     {
-        NGRAM: ModelFree(NGRAM, "drafters:NgramDrafter", "prompt lookup: copies what the context repeats"),
+        NGRAM: ModelFree(
+            NGRAM, "drafters:NgramDrafter", "prompt lookup: copies what the context repeats", default=True
+        ),
         "answers": ModelFree(
             "answers", "answers:AnswersDrafter", "earlier answers: drafts where an answer repeats one"
         ),
@@ -62,14 +132,38 @@ def is_target_head(spec: str) -> bool:
     return spec == MTP
 
 
+def split(spec: str) -> tuple[str, dict[str, str]]:
+    """`NAME:key=value,key=value` as the drafter's name and its options (text values, not checked
+    against the drafter: `make` does that); BadInput for a malformed list."""
+    name, _, rest = spec.partition(":")
+    options: dict[str, str] = {}
+    for item in rest.split(",") if rest.strip() else ():
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            raise BadInput(f"--draft {spec}: {item.strip()!r} is not key=value", f"write --draft {FORM}")
+        options[key.strip()] = value.strip()
+    return name, options
+
+
 def is_model_free(spec: str) -> bool:
-    """Whether `--draft spec` names a model-free drafter rather than a model to load."""
-    return spec in MODEL_FREE
+    """Whether `--draft spec` names a model-free drafter (with or without options) rather than a
+    model to load."""
+    return spec.partition(":")[0] in MODEL_FREE
 
 
 def make(spec: str) -> Drafter:
-    """A new drafter for a model-free name (KeyError for anything else: check is_model_free)."""
-    return MODEL_FREE[spec].make()
+    """A new drafter for a model-free spec, `NAME` or `NAME:key=value,...` (KeyError for a name not
+    in the table: check is_model_free). One given options is named by its whole spec."""
+    name, options = split(spec)
+    drafter = MODEL_FREE[name].make(**options)
+    if options:
+        drafter.name = spec
+    return drafter
+
+
+def defaults() -> tuple[str, ...]:
+    """The model-free drafters every command uses when the user names none, in the table's order."""
+    return tuple(m.name for m in MODEL_FREE.values() if m.default)
 
 
 def described() -> str:

@@ -30,6 +30,7 @@ from .drafters import Drafter, default_p_min
 from .events import Done, Event, Stats, Token, total
 from .loop import Planner, Settings, Tally, generate
 from .model import Model
+from .processors import LogitsProcessor
 from .sampling import SamplingParams
 from .settings import MAX_TOKENS, SettingError
 
@@ -86,6 +87,7 @@ def answer_events(
     tally: Tally,
     logprobs: int | None = None,
     constraint: Constraint | None = None,
+    processors: tuple[LogitsProcessor, ...] = (),
 ) -> Generator[Event, None, None]:
     """The speculative loop over an engine's models, with the verification settings loading measured.
 
@@ -93,8 +95,15 @@ def answer_events(
     docstring); the chat session, the HTTP server and `specchat run` all generate through here.
     `logprobs`: give each Token the target's log-probabilities with this many alternatives
     (loop.Settings.logprobs; None computes nothing). `constraint`: output the constrained target's
-    (a grammar compiled for this answer: decoding/constraint.py).
+    (a grammar compiled for this answer: decoding/constraint.py). `processors`: logits processors of
+    the caller's own (loop.Settings.processors; the Python API's). A `logit_bias` naming a token the
+    target's vocabulary lacks is BadInput, before anything is decoded (the server checks it first,
+    to answer a 400).
     """
+    try:
+        params.check_vocab(engine.target.n_vocab)
+    except SettingError as exc:
+        raise BadInput(str(exc)) from None
     return generate(
         engine.target,
         prompt,
@@ -107,6 +116,7 @@ def answer_events(
             exact_rows=engine.exact_rows,
             strict=engine.strict,
             logprobs=logprobs,
+            processors=processors,
         ),
         rng=rng,
         tally=tally,

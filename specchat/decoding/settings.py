@@ -14,11 +14,22 @@ else reads it:
 Ranges are checked in one place: `SamplingParams.__post_init__`, so no `SamplingParams` out of range
 exists. It raises `SettingError`, which each caller words with its own name for the setting: the flag
 on the command line (`--top-p must be in (0, 1] ...`), the field in an HTTP 400 (`param: top_p`).
+Token ids are checked against a vocabulary once one is loaded (`SamplingParams.check_vocab`).
+
+Most settings are one number. A per-token setting (`logit_bias`) maps token ids to numbers: declared
+with `per_token(...)`, held as sorted `(id, value)` pairs (so `SamplingParams` stays frozen and
+hashable), given as `ID=VALUE` pairs on the command line (`--logit-bias 15=-100,42=5`, repeatable)
+and as a JSON object over HTTP (`{"15": -100}`, OpenAI's form); its range is each value's.
+
+The settings that need the tokens generated so far (the penalties, the bias) reach the target's and
+the drafts' rows through `processors.py`'s logits processors, built from this table by the loop;
+`support()` in sampling.py handles the rest.
 
 Why the dataclass's fields are the table, rather than a list of entries from which the class is built:
 the sampler, the drafters and the tests read `params.top_p` as a plain typed attribute, and a class made
 at run time (`make_dataclass`) would hide its fields from readers, editors and linters. So a new
-setting is one `setting(...)` line here plus its use in `sampling.support()`; nothing else changes.
+setting is one `setting(...)` line here plus its use in `sampling.support()` (or, for one that needs
+the answer so far, in `processors.for_params`); nothing else changes.
 
 Not in the table: `seed` and `max_tokens`. They never reach the distribution, their defaults differ by
 command (`run` 256 tokens, `chat` 512, `serve` until the context is full, the bench 128) and the API has
@@ -36,12 +47,18 @@ Imports only the standard library: the CLI builds its options from this module a
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping
 from dataclasses import Field, dataclass, field, fields
 from typing import Any, TypeVar
 
 T = TypeVar("T", int, float)
 
 _KEY = "specchat.setting"
+
+#: A per-token setting's value: (token id, value) pairs, ids ascending and each once.
+TokenMap = tuple[tuple[int, float], ...]
+#: What a per-token setting may be given as: a mapping from id to value, or the pairs themselves.
+TokenMapLike = Mapping[int, float] | Iterable[tuple[int, float]]
 
 #: The context window (prompt + output, in tokens) a model is loaded with when nothing says otherwise
 CTX_SIZE = 4096
@@ -77,32 +94,83 @@ class Range:
 class Setting:
     """One sampling setting. `name` is the `SamplingParams` field and the HTTP body's field (OpenAI's
     and llama-server's names); `flag` the command-line option; `off` the value that disables it, if
-    one does (said in the error, so the user learns how to turn it off)."""
+    one does (said in the error, so the user learns how to turn it off). `type` is `tuple` for a
+    per-token setting (a `TokenMap`, whose values `range` bounds)."""
 
     name: str
-    type: type[int] | type[float]
-    default: int | float
+    type: type[int] | type[float] | type[tuple[Any, ...]]
+    default: int | float | TokenMap
     range: Range
     flag: str
     help: str
     off: int | float | None = None
 
-    def check(self, value: int | float) -> None:
-        """SettingError unless `value` is in range (NaN and infinities never are)."""
-        if value not in self.range:
-            raise SettingError(self, value)
+    @property
+    def per_token(self) -> bool:
+        """Whether the setting maps token ids to numbers (given as ID=VALUE pairs)."""
+        return self.type is tuple
+
+    def check(self, value: Any) -> None:
+        """SettingError unless `value` is in range (NaN and infinities never are); for a per-token
+        setting, every id an integer >= 0 and every value in range."""
+        if not self.per_token:
+            if value not in self.range:
+                raise SettingError(self, value)
+            return
+        for token, v in value:
+            if not _is_int(token) or token < 0:
+                raise SettingError(self, token, f"token ids must be integers >= 0 (got {token!r})")
+            if v not in self.range:
+                raise SettingError(self, v, f"values must be {self.range} (got {v:g} for token {token})")
+
+    def token_map(self, value: TokenMapLike) -> TokenMap:
+        """A per-token value as `SamplingParams` holds it: sorted pairs, the last value of an id
+        given twice winning; SettingError when it is not id-number pairs at all."""
+        try:
+            pairs = list(value.items() if isinstance(value, Mapping) else value)
+            merged = {token: float(v) for token, v in pairs if not isinstance(v, bool | str)}
+        except (TypeError, ValueError):
+            raise SettingError(self, 0, "must map token ids to numbers") from None
+        if len(merged) != len({token for token, _ in pairs}):
+            raise SettingError(self, 0, "must map token ids to numbers")
+        out = tuple(sorted(merged.items(), key=lambda kv: kv[0] if _is_int(kv[0]) else -1))
+        self.check(out)
+        return out
+
+    def parse_pairs(self, texts: Iterable[str]) -> TokenMap:
+        """A per-token value from the command line: `ID=VALUE` pairs, comma-separated and/or one
+        per repeated flag; SettingError naming the pair that is not one."""
+        pairs: list[tuple[int, float]] = []
+        for text in texts:
+            for item in text.split(","):
+                token, eq, v = item.partition("=")
+                try:
+                    if not eq:
+                        raise ValueError(item)
+                    pairs.append((int(token.strip()), float(v.strip())))
+                except ValueError:
+                    raise SettingError(self, 0, f"takes ID=VALUE pairs (got {item.strip()!r})") from None
+        return self.token_map(pairs)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 class SettingError(ValueError):
-    """A setting out of range. `str()` names the flag; `line(label)` words it for another caller."""
+    """A setting out of range. `str()` names the flag; `line(label)` words it for another caller.
+    `problem` says what is wrong where "must be in RANGE (got VALUE)" would not (a token id)."""
 
-    def __init__(self, setting: Setting, value: int | float) -> None:
+    def __init__(self, setting: Setting, value: int | float, problem: str | None = None) -> None:
         self.setting = setting
         self.value = value
+        self.problem = problem
         super().__init__(self.line(setting.flag))
 
     def line(self, label: str) -> str:
         """The one-line reason, naming the setting as `label` (a flag, an HTTP field, a chat command)."""
+        if self.problem is not None:
+            return f"{label} {self.problem}"
         off = f"; {self.setting.off:g} disables it" if self.setting.off is not None else ""
         return f"{label} must be {self.setting.range} (got {self.value:g}){off}"
 
@@ -121,6 +189,12 @@ def setting(
     """Declare a `SamplingParams` field with its description (the flag defaults to --the-name)."""
     spec = {"range": Range(lo, hi, lo_open, hi_open), "help": help, "flag": flag, "off": off}
     return field(default=default, metadata={_KEY: spec})
+
+
+def per_token(*, help: str, lo: float, hi: float, flag: str | None = None) -> tuple[tuple[int, float], ...]:
+    """Declare a per-token `SamplingParams` field: token ids to values in [lo, hi], none by default."""
+    spec = {"range": Range(lo, hi), "help": help, "flag": flag, "off": None}
+    return field(default=(), metadata={_KEY: spec})  # type: ignore[no-any-return]
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,20 +220,53 @@ class SamplingParams:
         off=0.0,
         help="Drop tokens less likely than this fraction of the likeliest one, in [0, 1) (0 = off).",
     )
+    presence_penalty: float = setting(
+        0.0,
+        lo=-2.0,
+        hi=2.0,
+        off=0.0,
+        help="Lower the logit of every token the answer already holds by this, in [-2, 2] (0 = off).",
+    )
+    frequency_penalty: float = setting(
+        0.0,
+        lo=-2.0,
+        hi=2.0,
+        off=0.0,
+        help="Lower a token's logit by this times its count in the answer so far, in [-2, 2] (0 = off).",
+    )
+    logit_bias: tuple[tuple[int, float], ...] = per_token(
+        lo=-100.0,
+        hi=100.0,
+        help="Add to token ids' logits: ID=BIAS pairs, comma-separated or repeated; BIAS in "
+        "[-100, 100] (-100 bans a token, 100 forces it).",
+    )
 
     def __post_init__(self) -> None:
         for s in SETTINGS:
-            s.check(getattr(self, s.name))
+            if s.per_token:  # a mapping or pairs, held as sorted pairs
+                object.__setattr__(self, s.name, s.token_map(getattr(self, s.name)))
+            else:
+                s.check(getattr(self, s.name))
 
     @property
     def greedy(self) -> bool:
         return self.temperature <= 0.0
 
+    def check_vocab(self, n_vocab: int) -> None:
+        """SettingError for a per-token setting naming a token id the vocabulary lacks: checked
+        once a model is loaded (the table alone cannot know its size)."""
+        for s in SETTINGS:
+            if s.per_token:
+                for token, _ in getattr(self, s.name):
+                    if token >= n_vocab:
+                        problem = f"names token {token}, beyond the vocabulary (ids 0-{n_vocab - 1})"
+                        raise SettingError(s, token, problem)
+
 
 def _described(f: Field[Any]) -> Setting:
     spec = f.metadata[_KEY]
     kind = type(f.default)
-    assert kind in (int, float), f"setting {f.name}: the default's type must be int or float"
+    assert kind in (int, float, tuple), f"setting {f.name}: the default's type must be int, float or ()"
     flag = spec["flag"] or "--" + f.name.replace("_", "-")
     return Setting(f.name, kind, f.default, spec["range"], flag, spec["help"], spec["off"])  # type: ignore[arg-type]
 

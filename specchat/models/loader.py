@@ -156,10 +156,32 @@ class LoadedEngine:
         return compile_grammar(self.loaded.target, spec)
 
 
+def default_drafts(target: str) -> tuple[str, ...]:
+    """The drafts a target gets when the user names none: the registry's recommended draft model
+    and the model-free drafters marked `default` in decoding/registry.py (n-gram prompt lookup),
+    routed per round by the auto planner.
+
+    Both kinds, because they win on different text: n-gram lookup is free and right on whatever
+    copies the context (edits, rewrites, chat revisions), a draft model on fresh text where the verify
+    batch is cheap (GPU/Metal). The planner drafts with neither where neither pays. A target outside
+    the registry gets the model-free ones alone. The one place that decides it, for every command and
+    the Python API. hf: and ORG/REPO:QUANT targets that are in the registry count too, since
+    `resolve` finds their alias.
+    """
+    from .registry import resolve
+    from .registry_toml import load_registry
+
+    reg = load_registry()
+    ref = resolve(target, reg)
+    rec = reg.recommended_draft(ref.alias) if ref.alias else None
+    return (*([rec] if rec else []), *registry.defaults())
+
+
 def locate(spec: str, *, offline: bool | None, console: object | None = None) -> Path:
     """A model reference (alias, path, hf:, ORG/REPO:QUANT) to a local file, downloading if allowed."""
     from . import hub
-    from .registry import load_registry, resolve
+    from .registry import resolve
+    from .registry_toml import load_registry
 
     ref = resolve(spec, load_registry())
     return hub.locate(ref, offline=offline, console=console)
@@ -177,6 +199,9 @@ def load(
 
     ident = build_identity()  # the installed build: refused if recorded bad, keys the calibration below
     refuse_known_bad(ident)
+    free = {
+        spec: registry.make(spec) for spec in cfg.drafts if registry.is_model_free(spec)
+    }  # options: checked first
     model_specs = [d for d in cfg.drafts if not registry.is_model_free(d) and not registry.is_target_head(d)]
     fit_before_download(
         [_resolve(s) for s in [cfg.target, *model_specs]],
@@ -232,8 +257,8 @@ def load(
         drafts = ()
     try:
         for spec in drafts:
-            if registry.is_model_free(spec):
-                out.drafters.append(registry.make(spec))
+            if spec in free:
+                out.drafters.append(free[spec])
                 continue
             if registry.is_target_head(spec):
                 head = _target_head(target, cfg)
@@ -289,7 +314,8 @@ def _target_head(target: LlamaModel, cfg: LoadConfig) -> MtpHead | None:
 
 
 def _resolve(spec: str) -> ModelRef:
-    from .registry import load_registry, resolve
+    from .registry import resolve
+    from .registry_toml import load_registry
 
     return resolve(spec, load_registry())
 

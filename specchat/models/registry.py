@@ -6,7 +6,7 @@ turns any of these into a `ModelRef`; `hub.py` turns a `ModelRef` into a local f
 free of huggingface_hub means `specchat run` on a local path never imports it, and the parsing rules can
 be tested as plain functions.
 
-The registry is read into the frozen dataclasses here by `registry_toml.parse_registry`, which
+The registry is read into the frozen dataclasses here by `registry_toml.load_registry`, which
 checks the file and names the line of whatever makes no sense.
 """
 
@@ -218,18 +218,6 @@ def registry_path() -> Path:
         "the model registry models.toml is missing from this installation",
         hint=f"reinstall specchat, or point {ENV_MODELS} at a models.toml",
     )
-
-
-def load_registry(path: Path | None = None) -> Registry:
-    """Read and check a models.toml (default: `registry_path()`)."""
-    path = Path(path) if path is not None else registry_path()
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as err:
-        raise RegistryError(f"cannot read the model registry {path}: {err.strerror or err}") from err
-    from .registry_toml import parse_registry  # here, not at the top: it imports this module's records
-
-    return parse_registry(text, path)
 
 
 # --------------------------------------------------------------------------------------------------------

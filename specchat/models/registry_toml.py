@@ -28,6 +28,7 @@ from .registry import (
     RegistryError,
     check_repo_file,
     check_repo_id,
+    registry_path,
 )
 
 if sys.version_info >= (3, 11):
@@ -38,6 +39,16 @@ else:  # pragma: no cover - exercised only on 3.10
 _ALIAS_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 _HEADER_RE = re.compile(r"^\s*\[(?!\[)(?P<key>.+?)\]\s*(?:#.*)?$")
+
+
+def load_registry(path: Path | None = None) -> Registry:
+    """Read and check a models.toml (default: `registry_path()`)."""
+    path = Path(path) if path is not None else registry_path()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as err:
+        raise RegistryError(f"cannot read the model registry {path}: {err.strerror or err}") from err
+    return parse_registry(text, path)
 
 
 def parse_registry(text: str, path: Path | None = None) -> Registry:

@@ -5,7 +5,8 @@ the GGUF chat template, `decoding.loop.generate` with KV prefix reuse); like `cl
 terminal, it only consumes the loop's events. May import the foundations and `specchat.decoding`; never
 llama_cpp or `specchat.llama` (the CLI hands it loaded models), nor `specchat.cli`.
 
-  api.py        the OpenAI wire format's requests: parsing and validation, errors
+  fields.py     the requests' error (ApiError) and the checks of one field, shared by the parsers
+  api.py        the OpenAI wire format's requests: parsing and validation
   responses.py  and its responses: response and chunk bodies, usage, logprobs
   stops.py      stop strings: cut at the first one, hold back text that may be the start of one
   worker.py     the one generation thread, its bounded queue, cancellation and shutdown

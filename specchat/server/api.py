@@ -15,48 +15,22 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from ..decoding.constraint import GrammarSpec
 from ..decoding.logprobs import MAX_TOP
 from ..decoding.settings import SETTINGS, SamplingParams, SettingError
+from .fields import ApiError, Kind, bool_field, int_field, is_int, json_kind
 from .formats import BadFormat, grammar_spec
 
 if TYPE_CHECKING:
     from .tools import ToolSpec
-
-Kind = Literal["chat", "completion"]
 
 #: Roles a chat message may have. `developer` is OpenAI's newer name for `system`.
 ROLES = ("system", "user", "assistant", "tool", "developer")
 MAX_STOPS = 16
 #: The most answers one request may ask for (`n`): they are generated one after the other.
 MAX_N = 8
-
-
-class ApiError(Exception):
-    """A request the server will not serve, as OpenAI reports it: HTTP status + error object."""
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        status: int = 400,
-        type: str = "invalid_request_error",
-        param: str | None = None,
-        code: str | None = None,
-        headers: Mapping[str, str] | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.message = message
-        self.status = status
-        self.type = type
-        self.param = param
-        self.code = code
-        self.headers = dict(headers or {})
-
-    def body(self) -> dict[str, object]:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +84,7 @@ def parse_json(raw: bytes) -> dict[str, Any]:
             code="invalid_json",
         ) from None
     if not isinstance(body, dict):
-        raise ApiError(f"the request body must be a JSON object, not {_kind(body)}", code="invalid_json")
+        raise ApiError(f"the request body must be a JSON object, not {json_kind(body)}", code="invalid_json")
     return body
 
 
@@ -129,22 +103,24 @@ def parse_request(kind: Kind, body: Mapping[str, Any], defaults: Defaults) -> Ge
         messages = ()
         prompts = parse_prompts(body.get("prompt"))
         prompt = prompts[0] if isinstance(prompts[0], str) else ""
-    n = _int(body, "n", lo=1, hi=MAX_N)
+    n = int_field(body, "n", lo=1, hi=MAX_N)
     check_choices(max(1, len(prompts)), n or 1)
-    echo = kind == "completion" and _bool(body, "echo")
+    echo = kind == "completion" and bool_field(body, "echo")
     least = 0 if echo else 1  # OpenAI: max_tokens 0 with echo scores the prompt and generates nothing
-    max_tokens = _int(body, "max_completion_tokens", lo=least)
+    max_tokens = int_field(body, "max_completion_tokens", lo=least)
     if max_tokens is None:
-        max_tokens = _int(body, "max_tokens", lo=least)
+        max_tokens = int_field(body, "max_tokens", lo=least)
     params = _sampling(body, defaults.params)
-    stream = _bool(body, "stream")
+    stream = bool_field(body, "stream")
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
-        raise ApiError(f"stream_options must be an object, not {_kind(options)}", param="stream_options")
-    include_usage = bool(options) and _bool(options, "include_usage", param="stream_options.include_usage")
+        raise ApiError(f"stream_options must be an object, not {json_kind(options)}", param="stream_options")
+    include_usage = bool(options) and bool_field(
+        options, "include_usage", param="stream_options.include_usage"
+    )
     seed = body.get("seed")
-    if seed is not None and not _is_int(seed):
-        raise ApiError(f"seed must be an integer, not {_kind(seed)}", param="seed")
+    if seed is not None and not is_int(seed):
+        raise ApiError(f"seed must be an integer, not {json_kind(seed)}", param="seed")
     if body.get("speculative") is not None and not isinstance(body.get("speculative"), bool):
         raise ApiError(
             "speculative must be true or false (false: decode with the target alone)", param="speculative"
@@ -182,9 +158,9 @@ def _logprobs(kind: Kind, body: Mapping[str, Any]) -> int | None:
     requires); completions: `logprobs: N`, N in 0..20 (OpenAI's legacy endpoint allows 5).
     """
     if kind == "completion":
-        return _int(body, "logprobs", lo=0, hi=MAX_TOP)
-    wanted = _bool(body, "logprobs")
-    top = _int(body, "top_logprobs", lo=0, hi=MAX_TOP)
+        return int_field(body, "logprobs", lo=0, hi=MAX_TOP)
+    wanted = bool_field(body, "logprobs")
+    top = int_field(body, "top_logprobs", lo=0, hi=MAX_TOP)
     if top is not None and not wanted:
         raise ApiError("top_logprobs needs logprobs: true", param="top_logprobs")
     return (top or 0) if wanted else None
@@ -193,60 +169,48 @@ def _logprobs(kind: Kind, body: Mapping[str, Any]) -> int | None:
 # --- field checks ----------------------------------------------------------------------------------------
 
 
-def _kind(value: object) -> str:
-    if value is None:
-        return "null"
-    return {bool: "a boolean", int: "a number", float: "a number", str: "a string", list: "an array"}.get(
-        type(value), "an object"
-    )
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _int(body: Mapping[str, Any], name: str, *, lo: int | None, hi: int | None = None) -> int | None:
-    value = body.get(name)
-    if value is None:
-        return None
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    if not _is_int(value):
-        raise ApiError(f"{name} must be an integer, not {_kind(value)}", param=name)
-    if lo is not None and value < lo:
-        raise ApiError(f"{name} must be >= {lo} (got {value})", param=name)
-    if hi is not None and value > hi:
-        raise ApiError(f"{name} must be at most {hi} (got {value})", param=name)
-    return int(value)
-
-
 def _sampling(body: Mapping[str, Any], defaults: SamplingParams) -> SamplingParams:
     """The sampling settings (decoding/settings.py's table) the body sends, over `defaults`: each
     field's JSON type checked here, its range (NaN and infinities included: Python's JSON reads them)
     by `SamplingParams` itself, a 400 naming the field."""
-    given: dict[str, int | float] = {}
+    given: dict[str, object] = {}
     for s in SETTINGS:
+        if s.per_token:
+            if body.get(s.name) is not None:
+                given[s.name] = _token_map(s.name, body[s.name])
+            continue
         if s.type is int:
-            value = _int(body, s.name, lo=None)
+            value = int_field(body, s.name, lo=None)
         else:
             value = body.get(s.name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
-                raise ApiError(f"{s.name} must be a number, not {_kind(value)}", param=s.name)
+                raise ApiError(f"{s.name} must be a number, not {json_kind(value)}", param=s.name)
         if value is not None:
             given[s.name] = s.type(value)
     try:
-        return replace(defaults, **given)
+        return replace(defaults, **given)  # type: ignore[arg-type]
     except SettingError as exc:
         raise ApiError(exc.line(exc.setting.name), param=exc.setting.name) from None
 
 
-def _bool(body: Mapping[str, Any], name: str, *, param: str | None = None) -> bool:
-    value = body.get(name)
-    if value is None:
-        return False
-    if not isinstance(value, bool):
-        raise ApiError(f"{param or name} must be true or false, not {_kind(value)}", param=param or name)
-    return value
+def _token_map(name: str, value: object) -> dict[int, float]:
+    """A per-token field as OpenAI sends it, a JSON object from token ids (as strings) to numbers:
+    its shape checked here, its ids and values by `SamplingParams` (and the ids against the
+    vocabulary by the worker, which has one)."""
+    if not isinstance(value, dict):
+        raise ApiError(
+            f"{name} must be an object mapping token ids to numbers, not {json_kind(value)}", param=name
+        )
+    out: dict[int, float] = {}
+    for key, v in value.items():
+        try:
+            token = int(key)
+        except ValueError:
+            raise ApiError(f"{name} keys must be token ids (got {key!r})", param=name) from None
+        if isinstance(v, bool) or not isinstance(v, int | float):
+            raise ApiError(f"{name} values must be numbers, not {json_kind(v)} (token {key})", param=name)
+        out[token] = float(v)
+    return out
 
 
 def _stops(value: object) -> tuple[str, ...]:

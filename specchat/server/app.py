@@ -40,7 +40,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from ..decoding.events import Stats
 from ..errors import BadInput
 from . import api, prompts, responses, tokens, toolcalls
-from .api import ApiError, Defaults, GenRequest, Kind
+from .api import Defaults, GenRequest
+from .fields import ApiError, Kind
 from .page import HEADERS as PAGE_HEADERS
 from .page import render_page
 from .responses import Choice, LogprobEntry, Reply

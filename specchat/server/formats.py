@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..decoding.constraint import GrammarSpec
+from .fields import json_kind
 
 FORMAT_TYPES = ("text", "json_object", "json_schema")
 
@@ -52,7 +53,7 @@ def _response_format(value: object) -> GrammarSpec | None:
         return None
     param = "response_format"
     if not isinstance(value, Mapping):
-        raise BadFormat(f"response_format must be an object with a type, not {_kind(value)}", param=param)
+        raise BadFormat(f"response_format must be an object with a type, not {json_kind(value)}", param=param)
     kind = value.get("type")
     if kind not in FORMAT_TYPES:
         raise BadFormat(
@@ -90,25 +91,13 @@ def _grammar(body: Mapping[str, Any]) -> GrammarSpec | None:
     if value is None or value == "":
         return None
     if not isinstance(value, str):
-        raise BadFormat(f"grammar must be a string of GBNF rules, not {_kind(value)}", param="grammar")
+        raise BadFormat(f"grammar must be a string of GBNF rules, not {json_kind(value)}", param="grammar")
     return GrammarSpec("gbnf", text=value, param="grammar")
 
 
 def _schema(value: object, where: str) -> Mapping[str, Any]:
     if not isinstance(value, Mapping):
         raise BadFormat(
-            f"{where} must be a JSON schema object, not {_kind(value)}", param=where.split(".")[0]
+            f"{where} must be a JSON schema object, not {json_kind(value)}", param=where.split(".")[0]
         )
     return value
-
-
-def _kind(value: object) -> str:
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int | float):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "an array"
-    return "null" if value is None else "an object"

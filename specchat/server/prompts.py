@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .api import ApiError, _is_int, _kind
+from .fields import ApiError, is_int, json_kind
 from .responses import Choice, Reply, combined, speculative, usage
 
 #: A prompt as sent: text (tokenized with the model's tokenizer) or token ids (decoded as they are).
@@ -33,14 +33,14 @@ def parse_prompts(value: Any) -> tuple[Prompt, ...]:
         raise ApiError("prompt is required: the text to continue (or token ids)", param="prompt")
     if isinstance(value, str):
         items: list[Any] = [value]
-    elif isinstance(value, list) and value and all(_is_int(t) for t in value):
+    elif isinstance(value, list) and value and all(is_int(t) for t in value):
         items = [value]  # one prompt of token ids
     elif isinstance(value, list):
         items = value
     else:
         raise ApiError(
             f"prompt must be a string, an array of strings, an array of token ids or an array of such "
-            f"arrays, not {_kind(value)}",
+            f"arrays, not {json_kind(value)}",
             param="prompt",
         )
     if not items:
@@ -58,14 +58,14 @@ def parse_prompts(value: Any) -> tuple[Prompt, ...]:
             if not item:
                 raise ApiError(f"{where} is an empty array of token ids", param="prompt")
             for j, t in enumerate(item):
-                if not _is_int(t) or t < 0:
+                if not is_int(t) or t < 0:
                     raise ApiError(
                         f"{where}[{j}] must be a token id (an integer >= 0), not {t!r}", param="prompt"
                     )
             out.append(tuple(int(t) for t in item))
         else:
             raise ApiError(
-                f"{where} must be a string or an array of token ids, not {_kind(item)}", param="prompt"
+                f"{where} must be a string or an array of token ids, not {json_kind(item)}", param="prompt"
             )
     return tuple(out)
 

@@ -27,11 +27,11 @@ from typing import TYPE_CHECKING
 
 from ..decoding.events import Stats, total
 from ..decoding.logprobs import TokenLogprob
+from .fields import Kind
 from .stops import Piece
 
 if TYPE_CHECKING:
     from ..decoding.loop import Tally
-    from .api import Kind
 
 #: What a log-probability of minus infinity is sent as (JSON has no -inf; OpenAI uses this value).
 NO_PROBABILITY = -9999.0

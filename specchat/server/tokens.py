@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..decoding.model import Model
-from .api import ApiError, _bool, _is_int, _kind
+from .fields import ApiError, bool_field, is_int, json_kind
 
 #: The most token ids one /detokenize (or tokenized prompt array) may hold: a bound on work and reply.
 MAX_TOKENS = 1 << 20
@@ -57,19 +57,19 @@ def parse_tokenize(body: Mapping[str, Any]) -> TokenizeRequest:
     if not isinstance(value, str):
         if value is None:
             raise ApiError("prompt (or content) is required: the text to tokenize", param="prompt")
-        raise ApiError(f"{name} must be a string, not {_kind(value)}", param=name)
+        raise ApiError(f"{name} must be a string, not {json_kind(value)}", param=name)
     add = _either(body, "add_special_tokens", "add_special", default=name == "prompt")
     parse_special = body.get("parse_special", True)
     if not isinstance(parse_special, bool):
         raise ApiError(
-            f"parse_special must be true or false, not {_kind(parse_special)}", param="parse_special"
+            f"parse_special must be true or false, not {json_kind(parse_special)}", param="parse_special"
         )
     return TokenizeRequest(
         text=value,
         add_special=add,
         parse_special=parse_special,
-        pieces=_bool(body, "with_pieces"),
-        strings=_bool(body, "return_token_strs"),
+        pieces=bool_field(body, "with_pieces"),
+        strings=bool_field(body, "return_token_strs"),
     )
 
 
@@ -83,11 +83,11 @@ def token_ids(value: object, param: str, *, required: bool = False) -> list[int]
     if value is None and required:
         raise ApiError(f"{param} is required: an array of token ids", param=param)
     if not isinstance(value, list):
-        raise ApiError(f"{param} must be an array of token ids, not {_kind(value)}", param=param)
+        raise ApiError(f"{param} must be an array of token ids, not {json_kind(value)}", param=param)
     if len(value) > MAX_TOKENS:
         raise ApiError(f"{param} holds {len(value)} tokens; at most {MAX_TOKENS} are accepted", param=param)
     for i, t in enumerate(value):
-        if not _is_int(t) or t < 0:
+        if not is_int(t) or t < 0:
             raise ApiError(f"{param}[{i}] must be a token id (an integer >= 0), not {t!r}", param=param)
     return [int(t) for t in value]
 
@@ -166,6 +166,6 @@ def _either(body: Mapping[str, Any], a: str, b: str, *, default: bool) -> bool:
         value = body.get(name)
         if value is not None:
             if not isinstance(value, bool):
-                raise ApiError(f"{name} must be true or false, not {_kind(value)}", param=name)
+                raise ApiError(f"{name} must be true or false, not {json_kind(value)}", param=name)
             return value
     return default

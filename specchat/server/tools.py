@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from ..decoding.constraint import GrammarSpec
-from .api import ApiError, _bool, _kind
+from .fields import ApiError, bool_field, json_kind
 
 #: OpenAI's rule for function names.
 NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
@@ -57,14 +57,16 @@ def parse_tools(body: Mapping[str, Any]) -> ToolSpec | None:
     tools: list[dict[str, Any]] = []
     if raw is not None:
         if not isinstance(raw, list):
-            raise ApiError(f"tools must be an array of tool objects, not {_kind(raw)}", param="tools")
+            raise ApiError(f"tools must be an array of tool objects, not {json_kind(raw)}", param="tools")
         if len(raw) > MAX_TOOLS:
             raise ApiError(f"tools holds {len(raw)} tools; at most {MAX_TOOLS} are accepted", param="tools")
         tools = [_tool(t, i) for i, t in enumerate(raw)]
         names = [t["function"]["name"] for t in tools]
         if len(set(names)) < len(names):
             raise ApiError("tools declares the same function name twice", param="tools")
-    parallel = _bool(body, "parallel_tool_calls") if body.get("parallel_tool_calls") is not None else True
+    parallel = (
+        bool_field(body, "parallel_tool_calls") if body.get("parallel_tool_calls") is not None else True
+    )
     choice, name = _choice(body.get("tool_choice"), [t["function"]["name"] for t in tools])
     if choice == "none" or not tools:
         return None

@@ -46,9 +46,11 @@ from ..decoding.loop import Detokenizer, Planner, Tally
 from ..decoding.model import Model
 from ..decoding.prompt_cache import Prepared, PromptCache
 from ..decoding.session import Engine, answer_events, follow_temperature
+from ..decoding.settings import SettingError
 from ..errors import ContextFull, SpecchatError
-from .api import ApiError, GenRequest
+from .api import GenRequest
 from .echo import prompt_logprobs
+from .fields import ApiError
 from .responses import LogprobEntry, Progress, finish_reason, logprob_entry
 from .stops import Piece, StopFilter, TokenGate
 from .tokens import Tokenizer, check_ids
@@ -323,6 +325,11 @@ class Worker:
         req = job.request
         prompts = self._prompts(job)  # all of them first: one that does not fit fails the request
         if prompts is None:
+            return
+        try:
+            req.params.check_vocab(self.backend.target.n_vocab)  # a logit_bias id the model lacks
+        except SettingError as exc:
+            job.emit(ApiError(exc.line(exc.setting.name), param=exc.setting.name))
             return
         ok, grammar = self._grammar(job)
         if not ok:

@@ -21,6 +21,7 @@ import numpy as np
 from specchat.decoding.drafters import DraftBudget, NgramDrafter, Proposal
 from specchat.decoding.events import Source
 from specchat.decoding.model import common_prefix_len
+from specchat.decoding.processors import AnswerProcessor
 from specchat.decoding.sampling import SamplingParams, top_prob
 
 #: seconds of Python per round (planner + verify), measured with cProfile (as replay_planner's)
@@ -108,6 +109,7 @@ class ReplayDraftModel:
         rng: np.random.Generator,
         *,
         budget: DraftBudget | None = None,
+        processor: AnswerProcessor | None = None,
     ) -> Proposal:
         lag = self.lag(context)
         i = len(context) - self.n_prompt  # the output position of the first draft

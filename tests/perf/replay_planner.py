@@ -9,7 +9,8 @@ README's "replayed offline" figures come from this script.
 
 Usage:
   python tests/perf/replay_planner.py TARGET.gguf RESULTS.json... [--prompts FILE...] [--seeds 6]
-                                     [--curves own|all] [--oracle] [--draft DRAFT.gguf --hardware]
+                                     [--drafter SPEC] [--curves own|all] [--oracle]
+                                     [--draft DRAFT.gguf --hardware]
                                      [--cache FILE [--gaps]] [--curve FILE|DIR... [--curve-only]]
   python tests/perf/replay_planner.py --cache FILE [--hardware] [--curve FILE|DIR...] ...
 RESULTS.json is what `tests/perf/vs_llama_cpp.py --json --prompts FILE` writes (it holds each prompt's
@@ -25,7 +26,11 @@ the calibration cache, $SPECCHAT_HOME/calibration.json, else measured now); `--c
 under every other verify curve cached there: the same VM measured V(4)/V(1) from 2.6 to 3.2 on
 different days, and a policy change should win under both shapes, not only one.
 
-`--oracle` also prints, per prompt, the hindsight bound for this drafter: the best draft length for
+`--drafter SPEC` replays another model-free drafter of decoding/registry.py than the n-gram one
+(`answers`, `ngram:max_n=4`, a new one once it has its entry there): it is built from the registry,
+and the planner takes its priors from it, as a live run does.
+
+`--oracle` also prints, per prompt, the hindsight bound for the n-gram drafter: the best draft length for
 every round chosen knowing the answer (dynamic programming over positions), with the tie margin
 stopping rounds exactly as it does live. No planner can beat it with this drafter and curve, so it
 says how much of a gap is the planner's and how much the hardware's.
@@ -55,8 +60,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
 
 from specchat import store  # noqa: E402
+from specchat.decoding import registry  # noqa: E402
 from specchat.decoding.calibration import K_MAX, Costs, calibrate, exact_rows, tie_margin  # noqa: E402
-from specchat.decoding.drafters import NGRAM_ROUTE_PRIORS, NgramDrafter  # noqa: E402
 from specchat.decoding.events import Done, Round  # noqa: E402
 from specchat.decoding.loop import Settings, generate  # noqa: E402
 from specchat.decoding.planner import AutoPlanner  # noqa: E402
@@ -185,6 +190,8 @@ def main() -> None:
     ap.add_argument("--prompts", type=Path, nargs="+", default=[HERE / "copy_prompts.jsonl"],
                     help="the prompt file of each RESULTS.json, in the same order")  # fmt: skip
     ap.add_argument("--seeds", type=int, default=6)
+    ap.add_argument("--drafter", default=registry.NGRAM,
+                    help="the model-free drafter replayed (a decoding/registry.py spec)")  # fmt: skip
     ap.add_argument("--curves", choices=("own", "all"), default="own")
     ap.add_argument("--oracle", action="store_true", help="also print the hindsight bound per prompt")
     ap.add_argument("--draft", default=None, help="the draft model GGUF: teacher-forced once (--hardware)")
@@ -207,6 +214,9 @@ def main() -> None:
     ap.add_argument("--curve-only", action="store_true", help="replay under the --curve curves alone")
     ap.add_argument("--jobs", type=int, default=1, help="--hardware: replay answers in this many processes")
     args = ap.parse_args()
+    if not registry.is_model_free(args.drafter):
+        ap.error(f"--drafter takes a model-free drafter: {registry.described()}")
+    registry.make(args.drafter)  # its options, checked before anything slow
     if args.curve_only and not args.curve:
         ap.error("--curve-only needs --curve")
     from replay_curves import from_paths
@@ -244,7 +254,9 @@ def main() -> None:
         curves += [v for k, v in cal.items() if k.startswith("verify:") and isinstance(v, list)
                    and len(v) == len(own) and v != own]  # fmt: skip
     curves += [c.verify for c in extra]
-    report(cases, prompts, curves, margin, exact_n, seeds=args.seeds, oracle=args.oracle)
+    report(
+        cases, prompts, curves, margin, exact_n, seeds=args.seeds, oracle=args.oracle, drafter=args.drafter
+    )
 
 
 def record(args: argparse.Namespace) -> tuple:  # type: ignore[type-arg]
@@ -336,22 +348,24 @@ def report(
     *,
     seeds: int,
     oracle: bool,
+    drafter: str = registry.NGRAM,
 ) -> None:
-    """Replay every case under every curve and print the ratios (and the hindsight bound)."""
+    """Replay every case under every curve with the model-free `drafter` (a registry spec) and print
+    the ratios (and the hindsight bound)."""
 
     def ratio(name: str, seed: int, curve: list[float]) -> float:
         prompt, output, gaps = cases[name]
         ids = {t: i for i, t in enumerate(sorted({*prompt, *output, 0}))}
         p, o = [ids[t] for t in prompt], [ids[t] for t in output]
         bill = billed(curve)  # what each round costs here, and what a live planner measures it at
+        d = registry.make(drafter)  # fresh per answer, as the bench resets drafters
         planner = AutoPlanner(
-            Costs(bill, [0.0], exact_n=exact_n), [NgramDrafter.prior],
-            route_priors=[NGRAM_ROUTE_PRIORS],
+            Costs(bill, [0.0], exact_n=exact_n), [d.prior], route_priors=[d.route_priors],
             rng=np.random.default_rng(seed), learn_costs=False,
         )  # fmt: skip
         spent, made = 0.0, 0
         settings = Settings(max_tokens=len(o), tie_margin=margin, exact_rows=exact_n)
-        for ev in generate(Replay(p, o, gaps, len(ids)), p, drafters=[NgramDrafter()], planner=planner,
+        for ev in generate(Replay(p, o, gaps, len(ids)), p, drafters=[d], planner=planner,
                            settings=settings):  # fmt: skip
             if isinstance(ev, Round):
                 spent += bill[min((ev.proposed or 0) + 1, len(bill)) - 1]
@@ -367,7 +381,7 @@ def report(
     for curve in curves:
         shape = ", ".join(f"V({n}) {curve[n - 1] / curve[0]:.2f}" for n in (2, 4, 16))
         res = {n: statistics.fmean(ratio(n, s, curve) for s in range(seeds)) for n in names}
-        print(f"replayed n-gram auto (simulated, not measured), curve {shape}: " + ", ".join(
+        print(f"replayed {drafter} auto (simulated, not measured), curve {shape}: " + ", ".join(
             f"{n} {r:.2f}x" for n, r in res.items()
         ) + f"; geomean copying {geomean([res[n] for n in copying]):.3f}x, "
             f"others {geomean([res[n] for n in names if n not in copying]):.3f}x")  # fmt: skip

@@ -1,0 +1,329 @@
+"""specchat as a Python library: load a target and its drafters once, then generate or stream answers.
+
+    import specchat
+
+    with specchat.load("qwen2.5-coder-1.5b") as model:       # + its recommended draft and n-gram lookup
+        print(specchat.generate(model, "Write a haiku about caches."))
+        for piece in specchat.stream(model, "Count to five.", temperature=0.7, seed=1):
+            print(piece.text, end="", flush=True)              # piece.source: draft, ngram, target, ...
+
+A thin face over what `specchat run` does, never a second path through the loop: `load` is
+`models.loader.load` (the same checks, fit test and calibration), each answer goes through the
+target's chat template (`loader.chat_prompt`) and `decoding.session.answer_events`, the loop every
+front end uses, with the planner `run` builds (kept across answers, as the chat keeps it, or built
+from the seed for a seeded answer, as the server does). The settings are the CLI's, by their Python
+names: `load`'s keyword arguments are `run`'s options (`draft`, `k`, `ctx_size`, ...) and the
+defaults of the sampling settings (decoding/settings.py: `temperature`, `top_p`, `presence_penalty`,
+`logit_bias`, ...), which each answer may override.
+
+Nothing heavy is imported until `load` is called: `import specchat` stays as quick as `specchat --help`.
+Bad settings raise ValueError naming the keyword; what the CLI reports as one line (a model that
+cannot be found or does not fit, ...) raises the same `specchat.errors.SpecchatError`.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+from .decoding.settings import CTX_SIZE, MAX_TOKENS, SamplingParams, SettingError
+
+if TYPE_CHECKING:
+    from .decoding.events import Event, Stats
+    from .decoding.loop import Planner, Tally
+    from .decoding.processors import LogitsProcessor
+    from .models.loader import LoadedEngine
+
+#: `k` values: a number of draft tokens per round (0 = none), or None for the cost model's choice
+K_MAX = 64
+
+
+@dataclass(frozen=True, slots=True)
+class Piece:
+    """A piece of an answer's text and where its token came from: `source` is "draft" or "ngram"
+    (proposed by a drafter and accepted), "correction" (the target's token where a draft was wrong),
+    "bonus" (the target's extra token after a fully accepted draft) or "target" (plain decoding).
+    `text` may be "" for a token that ends inside a multi-byte character (the next carries it)."""
+
+    text: str
+    source: str
+    token: int
+    drafter: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    """A whole answer: its text, tokens and their sources, and the run's statistics (tokens per
+    second, acceptance, ... as `specchat run --json` reports them). `str(result)` is the text."""
+
+    text: str
+    tokens: tuple[int, ...]
+    sources: tuple[str, ...]
+    stats: Stats
+
+    def __str__(self) -> str:
+        return self.text
+
+
+@dataclass(eq=False)
+class LoadedModel:
+    """What `load` returns: the loaded target and drafters, and the settings each answer starts
+    from. Close it (or use it as a context manager) to free the models."""
+
+    engine: LoadedEngine
+    params: SamplingParams
+    k: int | None
+    p_min: float | None
+    _planner: Planner | None = field(default=None, repr=False)
+    _active: Stream | None = field(default=None, repr=False)
+
+    @property
+    def target(self) -> str:
+        """The target model's file."""
+        return str(self.engine.loaded.target.path)
+
+    @property
+    def drafters(self) -> tuple[str, ...]:
+        """The drafters' names (draft models by reference, model-free ones by spec)."""
+        return tuple(d.name for d in self.engine.drafters)
+
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        """What loading found worth saying (a draft of another family, ...)."""
+        return tuple(self.engine.loaded.warnings)
+
+    def close(self) -> None:
+        """Stop an answer still streaming (its cleanup needs the models), then free the models."""
+        if self._active is not None:
+            self._active.close()
+        self.engine.loaded.close()
+
+    def __enter__(self) -> LoadedModel:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    def planner(self, seed: int | None) -> Planner:
+        """The planner `run` would use: one kept across answers (it learns), or, for a seeded answer,
+        one of its own from the seed, so the answer repeats."""
+        if seed is not None:
+            return self.engine.planner(self.k, seed=seed)
+        if self._planner is None:
+            self._planner = self.engine.planner(self.k)
+        return self._planner
+
+
+class Stream:
+    """An answer as it is generated: iterate it for `Piece`s; `stats` is set once it has ended.
+    Stopping early (`close()`, or leaving a `with` block) leaves the models' caches consistent."""
+
+    def __init__(self, events: Iterator[Event], tally: Tally) -> None:
+        self._events = events
+        self._tally = tally
+        self.stats: Stats | None = None
+
+    def __iter__(self) -> Iterator[Piece]:
+        return self
+
+    def __next__(self) -> Piece:
+        from .decoding.events import Done, Token
+
+        for ev in self._events:
+            if isinstance(ev, Token):
+                return Piece(ev.text, ev.source.value, ev.id, ev.drafter)
+            if isinstance(ev, Done):
+                self.stats = ev.stats
+        raise StopIteration
+
+    def close(self) -> None:
+        """Stop generating; `stats` then holds what was generated so far."""
+        self._events.close()  # type: ignore[attr-defined]
+        if self.stats is None:
+            self.stats = self._tally.snapshot("interrupted")
+
+    def __enter__(self) -> Stream:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+
+def load(
+    target: str,
+    *,
+    draft: str | Sequence[str] | None = None,
+    k: int | None = None,
+    p_min: float | None = None,
+    ctx_size: int = CTX_SIZE,
+    gpu_layers: int | None = None,
+    draft_gpu_layers: int | None = None,
+    threads: int | None = None,
+    offline: bool = False,
+    force: bool = False,
+    strict: bool = False,
+    verbose: bool = False,
+    **sampling: Any,
+) -> LoadedModel:
+    """Load `target` (an alias from `specchat models`, a .gguf path, hf:ORG/REPO/FILE.gguf or
+    ORG/REPO:QUANT) and its drafters, as `specchat run` does.
+
+    `draft`: a draft model (same forms) or a model-free drafter (`"ngram"`, `"ngram:max_n=12"`), or
+    several; None: the target's recommended draft model and the default model-free drafters; `()`:
+    none (plain decoding). `k`: draft tokens per round, None for the cost model's choice. The
+    other keywords are `run`'s options; `**sampling` the sampling settings' defaults for every answer.
+    """
+    from .decoding.drafters import default_p_min
+    from .models import loader
+
+    params = _sampling(SamplingParams(), sampling)
+    if k is not None and not 0 <= k <= K_MAX:
+        raise ValueError(f"k must be a number of draft tokens in 0..{K_MAX}, or None for auto (got {k})")
+    if ctx_size < 16:
+        raise ValueError(f"ctx_size must be >= 16 (got {ctx_size})")
+    if threads is not None and threads < 1:
+        raise ValueError(f"threads must be >= 1 (got {threads})")
+    if p_min is not None and not 0 <= p_min <= 1:
+        raise ValueError(f"p_min must be in [0, 1] (got {p_min})")
+    drafts = loader.default_drafts(target) if draft is None else _specs(draft)
+    cfg = loader.LoadConfig(
+        target=target,
+        drafts=drafts,
+        ctx_size=ctx_size,
+        gpu_layers=gpu_layers,
+        draft_gpu_layers=draft_gpu_layers,
+        threads=threads,
+        p_min=p_min if p_min is not None else default_p_min(params, auto=k is None),
+        offline=offline or None,
+        force=force,
+        strict=strict,
+        verbose=verbose,
+    )
+    return LoadedModel(loader.LoadedEngine(loader.load(cfg)), params, k, p_min)
+
+
+def stream(
+    model: LoadedModel,
+    prompt: str | Sequence[Mapping[str, Any]],
+    *,
+    system: str | None = None,
+    raw: bool = False,
+    max_tokens: int = MAX_TOKENS,
+    seed: int | None = None,
+    draft: bool = True,
+    logits_processors: Sequence[LogitsProcessor] = (),
+    **sampling: Any,
+) -> Stream:
+    """Start an answer to `prompt` and return it as a `Stream` of `Piece`s.
+
+    `prompt`: the user's message (put through the target's chat template, after `system`), or a
+    whole conversation as OpenAI-style messages; `raw=True` uses a text prompt as it is. `seed`
+    makes a sampled answer repeat. `draft=False` decodes with the target alone. `**sampling`
+    overrides `load`'s sampling settings for this answer. `logits_processors`: functions
+    `(tokens generated so far, logits row) -> adjusted row` of your own, applied after the
+    settings' to every row a token is decided from (decoding/processors.py), drafts' included,
+    so the answer is still exactly the target's under them. An answer still streaming from `model`
+    is stopped first: the models hold one conversation at a time.
+    """
+    import numpy as np
+
+    from .decoding.loop import Tally
+    from .decoding.session import answer_events, follow_temperature
+    from .models.loader import chat_prompt
+
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1 (got {max_tokens})")
+    params = _sampling(model.params, sampling)
+    try:
+        params.check_vocab(model.engine.target.n_vocab)
+    except SettingError as exc:
+        raise ValueError(exc.line(exc.setting.name)) from None
+    if model._active is not None:
+        model._active.close()
+    if isinstance(prompt, str):
+        messages = [
+            *([{"role": "system", "content": system}] if system else []),
+            {"role": "user", "content": prompt},
+        ]
+    else:
+        messages = [dict(m) for m in prompt]
+    tokens, warning = chat_prompt(model.engine.loaded.target, messages, raw=raw)
+    if warning:  # e.g. no chat template: the prompt is used as plain text
+        warnings.warn(warning, stacklevel=2)
+    drafters = list(model.engine.drafters) if draft else []
+    follow_temperature(drafters, model.p_min, params, auto=model.k is None)
+    tally = Tally()
+    events = answer_events(
+        model.engine,
+        tokens,
+        drafters=drafters,
+        planner=model.planner(seed) if drafters else None,
+        params=params,
+        max_tokens=max_tokens,
+        rng=np.random.default_rng(seed),
+        tally=tally,
+        processors=tuple(logits_processors),
+    )
+    model._active = Stream(events, tally)
+    return model._active
+
+
+def generate(
+    model: LoadedModel,
+    prompt: str | Sequence[Mapping[str, Any]],
+    *,
+    system: str | None = None,
+    raw: bool = False,
+    max_tokens: int = MAX_TOKENS,
+    seed: int | None = None,
+    draft: bool = True,
+    logits_processors: Sequence[LogitsProcessor] = (),
+    **sampling: Any,
+) -> Result:
+    """The whole answer to `prompt` (see `stream` for the arguments), with its statistics."""
+    answer = stream(
+        model,
+        prompt,
+        system=system,
+        raw=raw,
+        max_tokens=max_tokens,
+        seed=seed,
+        draft=draft,
+        logits_processors=logits_processors,
+        **sampling,
+    )
+    with answer:
+        pieces = list(answer)
+    assert answer.stats is not None
+    return Result(
+        "".join(p.text for p in pieces),
+        tuple(p.token for p in pieces),
+        tuple(p.source for p in pieces),
+        answer.stats,
+    )
+
+
+def _sampling(base: SamplingParams, given: Mapping[str, Any]) -> SamplingParams:
+    """`base` with the sampling settings `given` by keyword; ValueError naming an unknown keyword or
+    the keyword whose value is out of range."""
+    from .decoding.settings import SETTINGS
+
+    names = {s.name for s in SETTINGS}
+    unknown = sorted(set(given) - names)
+    if unknown:
+        raise ValueError(
+            f"unknown setting {unknown[0]!r}; the sampling settings are {', '.join(sorted(names))}"
+        )
+    try:
+        return replace(base, **given)
+    except SettingError as exc:
+        raise ValueError(exc.line(exc.setting.name)) from None
+    except TypeError as exc:  # a value of another type altogether (a string for a number, ...)
+        raise ValueError(f"a sampling setting of the wrong type: {exc}") from None
+
+
+def _specs(draft: str | Sequence[str]) -> tuple[str, ...]:
+    """`load`'s `draft` as the loader's tuple of specs, each once."""
+    return (draft,) if isinstance(draft, str) else tuple(dict.fromkeys(draft))
