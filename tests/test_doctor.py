@@ -163,11 +163,11 @@ def test_a_broken_section_is_reported_not_fatal(monkeypatch, tmp_path):
 def test_parse_system_info_formats(monkeypatch, info, backends, simd):
     parsed = doctor.parse_system_info(info)
     assert list(parsed) == backends
-    from specchat.llama import engine
+    from specchat.llama import devices
 
     gpu = backends[0] != "CPU"
     monkeypatch.setattr(
-        engine,
+        devices,
         "backend_info",
         lambda: {"llama_cpp_python": "x", "gpu_offload": gpu, "mmap": True, "system_info": info},
     )
@@ -200,10 +200,10 @@ def test_a_gpu_build_without_a_device_says_so(monkeypatch):
     """A CUDA build on a machine whose driver is missing or too old registers no CUDA device and runs
     on the CPU (checked on a real CUDA build with the toolkit's driver stub: tests/perf/device/
     cuda_smoke.sh); doctor names the build and says where to look, not just "CPU only"."""
-    from specchat.llama import engine
+    from specchat.llama import devices
 
     monkeypatch.setattr(
-        engine,
+        devices,
         "backend_info",
         lambda: {"llama_cpp_python": "x", "gpu_offload": False, "mmap": True, "system_info": CUDA_INFO},
     )

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from specchat.cli import app
 from specchat.errors import NotEnoughMemory
-from specchat.llama.engine import DeviceMemory, device_memory
+from specchat.llama.devices import DeviceMemory, device_memory
 from specchat.models import hardware
 from specchat.models.hardware import GIB, MIB, Footprint, estimate_from_size, fit_check, machine_memory
 

@@ -431,9 +431,9 @@ def test_route_priors_let_long_copies_draft_deep_from_the_first_rounds():
 def test_a_depth_without_evidence_is_not_less_likely_than_the_one_before():
     """One early rejection at depth 2 must not cap every later draft: depths with (almost) no
     observations of their own borrow the rate of the depth before; observed depths keep theirs."""
-    from specchat.decoding.planner import _Acceptance
+    from specchat.decoding.acceptance import Acceptance
 
-    acc = _Acceptance(1.0, 1.0)
+    acc = Acceptance(1.0, 1.0)
     for _ in range(20):
         acc.observe(2, 2)  # depths 0-1 always right
     acc.observe(3, 2)  # one rejection at depth 2

@@ -290,7 +290,7 @@ def _prepare(loaded: Loaded, suite: list[BenchPrompt], max_tokens: int, err: Con
 
 def _meta(loaded: Loaded, drafts: tuple[str, ...]) -> dict[str, object]:
     """Where and with what the numbers were measured, for the JSON document and the report header."""
-    from ..llama.engine import backend_info
+    from ..llama.devices import backend_info
 
     target = loaded.target
     info = backend_info()

@@ -179,9 +179,9 @@ def parse_system_info(text: str) -> dict[str, dict[str, str]]:
 
 def llama_cpp_facts() -> dict[str, Any]:
     """The llama.cpp build: can it offload to a GPU (which), which SIMD paths the CPU backend has."""
-    from specchat.llama import engine
+    from specchat.llama import devices
 
-    info = engine.backend_info()
+    info = devices.backend_info()
     system_info = str(info.get("system_info", ""))
     backends = parse_system_info(system_info)
     cpu = next((feats for name, feats in backends.items() if name.upper() == "CPU"), {})
@@ -216,7 +216,7 @@ def llama_cpp_facts() -> dict[str, Any]:
                 "free_bytes": d.free_bytes,
                 "total_bytes": d.total_bytes,
             }
-            for d in engine.device_memory()
+            for d in devices.device_memory()
         ],
     }
 

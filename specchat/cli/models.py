@@ -127,13 +127,21 @@ def _fit_groups(refs: list[ModelRef], registry: Registry, *, with_draft: bool) -
     """What runs together: each model alone, or each target with its recommended draft."""
     groups = []
     for ref in refs:
-        draft = ref.entry.draft if with_draft and ref.entry else None
-        groups.append([ref, resolve(draft, registry)] if draft else [ref])
+        drafts = _drafts_of(ref) if with_draft else []
+        groups.append([ref, *(resolve(d, registry) for d in drafts)])
     return groups
 
 
+def _drafts_of(ref: ModelRef) -> list[str]:
+    """The files that draft for `ref`: its recommended draft model and its MTP assistant."""
+    if ref.entry is None:
+        return []
+    return [d for d in (ref.entry.draft, ref.entry.assistant) if d]
+
+
 def _with_drafts(refs: list[ModelRef], registry: Registry, err: Console) -> list[ModelRef]:
-    """Each target followed by its recommended draft, without duplicates, in the order given."""
+    """Each target followed by its recommended draft and MTP assistant, without duplicates, in the
+    order given."""
     out: list[ModelRef] = []
     seen: set[str] = set()
 
@@ -145,11 +153,11 @@ def _with_drafts(refs: list[ModelRef], registry: Registry, err: Console) -> list
 
     for ref in refs:
         add(ref)
-        draft = ref.entry.draft if ref.entry else None
-        if draft is None:
+        drafts = _drafts_of(ref)
+        if not drafts:
             err.print(f"no recommended draft for {ref.display} in models.toml", highlight=False)
-            continue
-        add(resolve(draft, registry))
+        for draft in drafts:
+            add(resolve(draft, registry))
     return out
 
 
@@ -188,7 +196,7 @@ def _confirm_vocab(target_path: Path | None, rows: list[dict[str, Any]]) -> None
     real tokenizer check (vocab-only loads, about a second): rows get `vocab` = "same", "warning: ..."
     or "different: ...", or None when a file is missing."""
     from ..errors import SpecchatError
-    from ..llama.engine import LlamaVocab
+    from ..llama.vocab import LlamaVocab
     from ..models.pair import check_pair
 
     for row in rows:
@@ -221,11 +229,20 @@ def _row(entry: ModelEntry, registry: Registry) -> dict[str, Any]:
         "license": entry.license,
         "sha256": entry.sha256,
         "draft": entry.draft,
+        "mtp": entry.mtp,
+        "assistant": entry.assistant,
         "mirror": entry.mirror is not None,
         "verified": entry.verified,
         "cached": path is not None,
         "path": str(path) if path is not None else None,
     }
+
+
+def _drafters(row: dict[str, Any]) -> str:
+    """The draft column: the recommended draft model, and the model's own MTP drafter where it has
+    one (its NextN head, or the assistant file beside it)."""
+    own = "mtp" if row.get("mtp") else f"mtp: {row['assistant']}" if row.get("assistant") else ""
+    return " + ".join(x for x in (row.get("draft") or "", own) if x)
 
 
 def _table(rows: list[dict[str, Any]], title: str, *, show_path: bool = True) -> Table:
@@ -262,7 +279,7 @@ def _table(rows: list[dict[str, Any]], title: str, *, show_path: bool = True) ->
             row["quant"],
             human_size(row["size"]),
             row["family"],
-            row["draft"] or "",
+            _drafters(row),
             "[green]yes[/]" if row["cached"] else "[dim]no[/]",
             *((row["path"] or "",) if show_path else ()),
         )

@@ -88,7 +88,9 @@ def stats_line(stats: Stats) -> Text:
         f"{stats.tokens_per_second:.1f} tok/s",
     ]
     if stats.drafted:
-        parts.append(f"acceptance {stats.acceptance_rate:.0%} ({stats.accepted}/{stats.drafted} drafted)")
+        # by drafter, so a user sees which one did the work (the MTP head, a draft model, n-gram lookup)
+        by = ", ".join(f"{d.name} {d.accepted}/{d.drafted}" for d in stats.drafters if d.drafted)
+        parts.append(f"acceptance {stats.acceptance_rate:.0%} ({by or f'{stats.accepted}/{stats.drafted}'})")
     parts.append(f"{stats.tokens_per_pass:.2f} tokens/target pass")
     parts.append(f"prefill {stats.prefill_tokens} tok in {stats.prefill_seconds:.2f}s")
     if stats.stop_reason != "eog":

@@ -23,24 +23,17 @@ k = 0 is plain decoding; a drafter that could not win even if always right is ne
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 
 import numpy as np
 
+from .acceptance import Acceptance, ConfidenceCurve
 from .calibration import K_MAX, Costs, calibrate
 from .drafters import DraftBudget, Drafter
 from .events import Round, Stats
 from .settings import MAX_TOKENS
 
-DECAY = 0.97  # per observed round: ~33 rounds of memory
-#: exploration: how many posterior standard deviations one unit of the round's normal draw moves
-#: every depth's acceptance (_Acceptance.rates); 1.0 would be Thompson sampling's own spread
-EXPLORE_SPREAD = 0.5
 EMA = 0.1  # weight of a new timing measurement
-#: decayed observations below which a draft depth borrows the rate of the depth before it
-THIN_EVIDENCE = 1.0
 #: prior for the share of verify rows that fall within the tie margin (re-checked one token alone),
 #: and its decay per row seen: ~30 tokens of memory, as the share swings between prose (a third to
 #: a half of the tokens of the bench's prose answers) and copied code (0-3%)
@@ -84,11 +77,6 @@ FLOOR_WINDOW = 4
 #: a draft model's floor (AutoPlanner.draft_budget) at most: a draft the planner is this sure of
 #: is always worth extending once it chose to draft
 FLOOR_MAX = 0.9
-#: DraftBudget.chance: bins of draft confidence, the strength of each bin's prior (at its centre),
-#: and its decay per judged token (~50 tokens of memory per bin)
-CONFIDENCE_BINS = 10
-CONFIDENCE_PRIOR = 2.0
-CONFIDENCE_DECAY = 0.98
 #: tokens an answer is expected to run before any has been seen (the default answer limit), and the
 #: weight of each finished answer in the running estimate (agents repeat the shape of their turns)
 ANSWER_PRIOR = float(MAX_TOKENS)
@@ -98,109 +86,6 @@ ANSWER_EMA = 0.3
 CHEAP_PREFILL = 16.0
 #: prompts shorter than this say little about a model's prefill speed per token
 PREFILL_SAMPLE = 64
-
-
-@dataclass(slots=True)
-class _Acceptance:
-    """Decayed Beta counts of conditional acceptance per draft position.
-
-    Each depth starts from the prior as pseudo-counts, which are forgotten like evidence: every round
-    that reaches a depth decays its counts by DECAY before adding its own outcome, so after ~33
-    rounds the estimate is the recent acceptance itself. (A prior kept at full weight forever pulls
-    every estimate towards its mean: with the draft model's Beta(3, 2) a draft right 98% of the time
-    was rated 0.93 at each depth, 0.56 for eight in a row instead of 0.85, and auto drafted half as
-    deep as it pays on a big target; issue 18.) Depths a round does not reach keep what they knew."""
-
-    prior_a: float
-    prior_b: float
-    a: list[float] = field(default_factory=list)
-    b: list[float] = field(default_factory=list)
-    #: decayed number of rounds that reached each depth (the prior not counted)
-    seen: list[float] = field(default_factory=list)
-
-    def observe(self, drafted: int, accepted: int) -> None:
-        while len(self.a) < drafted:
-            self.a.append(self.prior_a)
-            self.b.append(self.prior_b)
-            self.seen.append(0.0)
-        for i in range(drafted):
-            self.a[i] *= DECAY
-            self.b[i] *= DECAY
-            self.seen[i] = self.seen[i] * DECAY + 1.0
-        for i in range(accepted):
-            self.a[i] += 1.0
-        if accepted < drafted:
-            self.b[accepted] += 1.0
-
-    def rates(self, k: int, rng: np.random.Generator | None) -> list[float]:
-        """Conditional acceptance at draft positions 0..k-1 (drawn from the posteriors with `rng`).
-
-        A depth never reached borrows the counts of the deepest one that was; from position 2 on, a
-        depth with almost no evidence of its own (under one decayed observation) takes at least the
-        rate of the depth before it: a copy that survived that far is no likelier to stop now
-        (n-gram drafts measured 75 85 90 92 93 98% by position), and without this one early
-        rejection at depth 2 would cap every later draft at 2 tokens, the planner never drafting
-        deep enough to learn otherwise (replayed on the bench's edit prompts: 1.40→1.50× rename,
-        1.99→2.20× whole-file rewrite, non-copy prompts unchanged).
-
-        Exploring, every depth is read at one shared quantile of its posterior (one normal draw
-        per round, EXPLORE_SPREAD of a standard deviation per unit), not drawn independently: with
-        independent draws and the rule above, the rate at depth i was the largest of ~i draws, so
-        a route with little evidence looked near-certain 15 tokens deep and was tried there, a
-        16-row batch costing ~7 tokens on a 2-core CPU for one or two (replayed over 28 recorded
-        answers, this CPU's curve: the worst non-copying answer 0.95x plain -> 0.98x, the copying
-        ones unchanged at 1.30-1.35x geomean).
-
-        The draw moves the log-odds, not the rate: read linearly and clipped at 1.0, one draw in
-        twenty made a route with the 0.9 prior of an 8-token match certain at every depth, and the
-        planner verified 48 drafts at once where V grows ~0.8 of a token per row (Apple M1 Pro's
-        published curve, replayed: a 49-row batch costing 38 tokens for 3; issue 30)."""
-        out = []
-        z = EXPLORE_SPREAD * float(rng.standard_normal()) if rng is not None else 0.0
-        for i in range(k):
-            j = min(i, len(self.a) - 1)
-            a = self.a[j] if j >= 0 else self.prior_a
-            b = self.b[j] if j >= 0 else self.prior_b
-            mean = a / (a + b)
-            r = mean
-            if z != 0.0 and 0.0 < mean < 1.0:
-                # on the log-odds scale: the same spread near an even chance, but a draw never
-                # reads a route as certain (one clipped at 1.0 made every depth look free)
-                sd = 1.0 / math.sqrt(mean * (1.0 - mean) * (a + b + 1.0))
-                r = 1.0 / (1.0 + math.exp(-(math.log(mean / (1.0 - mean)) + z * sd)))
-            seen = self.seen[i] if i < len(self.seen) else 0.0
-            if i >= 2 and seen < THIN_EVIDENCE:
-                r = max(r, out[-1])
-            out.append(r)
-        return out
-
-
-@dataclass(slots=True)
-class _ConfidenceCurve:
-    """Decayed Beta counts of acceptance per bin of draft confidence (DraftBudget.chance).
-
-    Each bin starts from a weak prior at its own centre (the confidence taken at its word) and
-    forgets it as tokens of that confidence are judged, as _Acceptance does per depth."""
-
-    bins: int = CONFIDENCE_BINS
-    a: list[float] = field(default_factory=list)
-    b: list[float] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        if not self.a:
-            mids = [(i + 0.5) / self.bins for i in range(self.bins)]
-            self.a = [CONFIDENCE_PRIOR * m for m in mids]
-            self.b = [CONFIDENCE_PRIOR * (1.0 - m) for m in mids]
-
-    def observe(self, confidence: Sequence[float], accepted: int) -> None:
-        """`confidence`: the judged draft tokens' confidences in order; the first `accepted` passed."""
-        for j, conf in enumerate(confidence):
-            i = min(self.bins - 1, int(conf * self.bins))
-            self.a[i] = self.a[i] * CONFIDENCE_DECAY + (j < accepted)
-            self.b[i] = self.b[i] * CONFIDENCE_DECAY + (j >= accepted)
-
-    def chances(self) -> tuple[float, ...]:
-        return tuple(a / (a + b) for a, b in zip(self.a, self.b, strict=True))
 
 
 def expected_tokens(rates: Sequence[float]) -> float:
@@ -295,7 +180,7 @@ class AutoPlanner:
         self.seen = [0] * len(costs.verify)
         self.k_max = min(k_max, len(costs.verify) - 1) if len(costs.verify) > 1 else k_max
         self.priors = list(priors)
-        self.acc: dict[tuple[int, str | None], _Acceptance] = {}
+        self.acc: dict[tuple[int, str | None], Acceptance] = {}
         self.ties = list(TIE_PRIOR)  # decayed counts: [rows within the margin, rows outside it]
         # decayed [repair seconds, drifted tokens]: what a token left with batched K/V costs later
         # under --strict. Prior: every one of them re-decoded at the exact batch's per-token cost
@@ -313,7 +198,7 @@ class AutoPlanner:
         self._planned_k = 0  # the k the expected speed was computed for (last_choice may cap higher)
         self._budget: DraftBudget | None = None  # the last draft budget handed out
         #: per drafter, acceptance by draft confidence (only drafters that report one fill theirs)
-        self.confidence = [_ConfidenceCurve() for _ in self.priors]
+        self.confidence = [ConfidenceCurve() for _ in self.priors]
         #: tokens an answer runs (running estimate), and the count of the one under way
         self.answer_tokens = ANSWER_PRIOR
         self._generated, self._answer_open = 0, False
@@ -325,14 +210,14 @@ class AutoPlanner:
         #: (drafter, tokens behind) of the draft models the last answer left without the prompt
         self.left_behind: list[tuple[int, int]] = []
 
-    def acceptance(self, drafter: int, route: str | None) -> _Acceptance:
+    def acceptance(self, drafter: int, route: str | None) -> Acceptance:
         """The decayed acceptance counts of one drafter on one route (created from its prior)."""
         key = (drafter, route)
         found = self.acc.get(key)
         if found is None:
             known = self.route_priors[drafter] if drafter < len(self.route_priors) else {}
             prior = known.get(route, self.priors[drafter]) if route is not None else self.priors[drafter]
-            found = self.acc[key] = _Acceptance(*prior)
+            found = self.acc[key] = Acceptance(*prior)
         return found
 
     @property
@@ -425,7 +310,7 @@ class AutoPlanner:
         """Seconds per answer token drafter i saves over plain decoding at its best learned route."""
         learned = [acc for (d, _), acc in self.acc.items() if d == drafter]
         fastest = 1.0 / v[0]
-        for acc in learned or [_Acceptance(*self.priors[drafter])]:
+        for acc in learned or [Acceptance(*self.priors[drafter])]:
             rates = acc.rates(self.k_max, None)
             _, speed = best_k(
                 rates,

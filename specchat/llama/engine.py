@@ -11,8 +11,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
-import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,21 +19,11 @@ import numpy as np
 
 from ..decoding.settings import CTX_SIZE
 from ..errors import ContextFull, EngineError, ModelFileError
-from .devices import backend_info, device_memory, supports_gpu_offload
+from .devices import supports_gpu_offload
 from .lib import llama_cpp
+from .log import quiet_stderr, set_verbose
 from .rollback import Checkpoint, Rollback, replay_chunks
-
-__all__ = [  # the devices' facts are asked of the engine by older callers too
-    "GGML_TYPE_BF16",
-    "LlamaModel",
-    "LlamaVocab",
-    "LoadOptions",
-    "SavedState",
-    "backend_info",
-    "device_memory",
-    "render_chat",
-    "supports_gpu_offload",
-]
+from .vocab import VocabQueries
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,124 +88,7 @@ class SavedState:
         return self.data.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
 
 
-@dataclass(frozen=True, slots=True)
-class VocabFacts:
-    """What the pair check compares between draft and target."""
-
-    vocab_type: int
-    n_vocab: int
-    bos: int
-    eos: int
-    add_bos: bool
-    add_eos: bool
-
-
-def _silent_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
-    return None
-
-
-def _stderr_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
-    sys.stderr.write(text.decode("utf-8", errors="replace"))
-    sys.stderr.flush()
-
-
-# kept referenced for the process's lifetime: llama.cpp calls them from C
-_SILENT_LOG = llama_cpp.llama_log_callback(_silent_log)
-_STDERR_LOG = llama_cpp.llama_log_callback(_stderr_log)
-
-
-def set_verbose(verbose: bool) -> None:
-    """Route llama.cpp's own log to stderr (verbose) or drop it; it is noise for users otherwise.
-    (The binding wants a callback either way: a NULL one is rejected by ctypes.)"""
-    llama_cpp.llama_log_set(_STDERR_LOG if verbose else _SILENT_LOG, ctypes.c_void_p(0))
-
-
-@contextlib.contextmanager
-def _quiet_stderr(enabled: bool) -> Iterator[None]:
-    """Some backends print on fd 2 directly during load, bypassing the log callback."""
-    if not enabled:
-        yield
-        return
-    try:
-        saved = os.dup(2)
-    except OSError:
-        yield
-        return
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, 2)
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(devnull)
-
-
-class _VocabFacts:
-    """Tokenizer facts for the pair check, shared by a full model and a vocab-only load."""
-
-    _vocab: object
-    _n_vocab: int
-
-    def vocab_facts(self) -> VocabFacts:
-        v = self._vocab
-        return VocabFacts(
-            vocab_type=int(llama_cpp.llama_vocab_type(v)),
-            n_vocab=self._n_vocab,
-            bos=int(llama_cpp.llama_vocab_bos(v)),
-            eos=int(llama_cpp.llama_vocab_eos(v)),
-            add_bos=bool(llama_cpp.llama_vocab_get_add_bos(v)),
-            add_eos=bool(llama_cpp.llama_vocab_get_add_eos(v)),
-        )
-
-    def token_text(self, token: int) -> str:
-        raw = llama_cpp.llama_vocab_get_text(self._vocab, token)
-        return raw.decode("utf-8", errors="replace") if raw else ""
-
-    def is_control(self, token: int) -> bool:
-        """Control/special tokens (chat markers, unused slots): a mismatch there is only a warning."""
-        attr = int(llama_cpp.llama_vocab_get_attr(self._vocab, token))
-        special = (
-            llama_cpp.LLAMA_TOKEN_ATTR_CONTROL
-            | llama_cpp.LLAMA_TOKEN_ATTR_USER_DEFINED
-            | llama_cpp.LLAMA_TOKEN_ATTR_UNKNOWN
-            | llama_cpp.LLAMA_TOKEN_ATTR_UNUSED
-        )
-        return bool(attr & special)
-
-
-class LlamaVocab(_VocabFacts):
-    """Only a GGUF's tokenizer (llama.cpp's vocab_only load: no weights read, milliseconds), for checking
-    that a draft and a target agree on token ids without loading either model."""
-
-    def __init__(self, path: Path, name: str | None = None) -> None:
-        self.path = Path(path)
-        self.name = name or self.path.name
-        set_verbose(False)
-        llama_cpp.llama_backend_init()
-        mparams = llama_cpp.llama_model_default_params()
-        mparams.vocab_only = True
-        with _quiet_stderr(True):
-            model = llama_cpp.llama_model_load_from_file(str(self.path).encode(), mparams)
-        if not model:
-            raise ModelFileError(f"llama.cpp could not read the tokenizer of {self.path}")
-        self._model = model
-        self._vocab = llama_cpp.llama_model_get_vocab(model)
-        self._n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
-
-    def close(self) -> None:
-        if getattr(self, "_model", None):
-            llama_cpp.llama_model_free(self._model)
-            self._model = None
-
-    def __enter__(self) -> LlamaVocab:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-class LlamaModel(_VocabFacts):
+class LlamaModel(VocabQueries):
     """A loaded GGUF model with its own context (KV cache) and a reusable batch.
 
     Implements `specchat.decoding.model.Model`. `tokens` mirrors what the KV cache holds, so prefix reuse and
@@ -239,7 +111,7 @@ class LlamaModel(_VocabFacts):
         self.gpu_layers = gpu_layers
         self.repack = opts.repack
         self.type_v = opts.type_v
-        with _quiet_stderr(not opts.verbose):
+        with quiet_stderr(not opts.verbose):
             model = llama_cpp.llama_model_load_from_file(str(self.path).encode(), mparams)
         if not model:
             raise ModelFileError(
@@ -263,7 +135,7 @@ class LlamaModel(_VocabFacts):
         )
         if self.recurrent:
             cparams.n_rs_seq = max(0, opts.snapshots)
-        with _quiet_stderr(not opts.verbose):
+        with quiet_stderr(not opts.verbose):
             ctx = llama_cpp.llama_init_from_model(model, cparams)
         if not ctx:
             llama_cpp.llama_model_free(model)
@@ -615,26 +487,3 @@ def _physical_cores() -> int:
     import psutil
 
     return psutil.cpu_count(logical=False) or os.cpu_count() or 1
-
-
-def render_chat(
-    template: str,
-    messages: Sequence[dict[str, str]],
-    *,
-    bos: str,
-    eos: str,
-    add_generation_prompt: bool = True,
-    tools: Sequence[dict[str, object]] | None = None,
-) -> str:
-    """Render a GGUF chat template with llama-cpp-python's Jinja2 formatter; `tools` (OpenAI tool
-    objects) become the template's `tools`, for templates that describe them to the model.
-
-    That formatter uses Jinja2's ImmutableSandboxedEnvironment: a template from a downloaded file is
-    untrusted code, and the sandbox keeps it away from Python internals.
-    """
-    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
-
-    fmt = Jinja2ChatFormatter(
-        template=template, eos_token=eos, bos_token=bos, add_generation_prompt=add_generation_prompt
-    )
-    return fmt(messages=list(messages), tools=list(tools) if tools else None).prompt

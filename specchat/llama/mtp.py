@@ -31,8 +31,9 @@ import numpy as np
 
 from ..decoding.model import common_prefix_len
 from ..errors import EngineError
-from .engine import LlamaModel, _quiet_stderr
+from .engine import LlamaModel
 from .lib import llama_cpp
+from .log import quiet_stderr
 
 
 def _ext() -> object:
@@ -62,7 +63,7 @@ class MtpHead:
         cparams.n_threads = cparams.n_threads_batch = target.threads
         cparams.ctx_type = llama_cpp.LLAMA_CONTEXT_TYPE_MTP
         cparams.n_rs_seq = 0
-        with _quiet_stderr(not verbose):
+        with quiet_stderr(not verbose):
             ctx = llama_cpp.llama_init_from_model(target.raw_model, cparams)
         if not ctx:
             raise EngineError(

@@ -16,8 +16,10 @@ from ..decoding import registry
 from ..decoding.drafters import Drafter, HeadDrafter, ModelDrafter
 from ..decoding.settings import CTX_SIZE
 from ..errors import BadInput, ContextFull, ModelFileError
-from ..llama.engine import GGML_TYPE_BF16, LlamaModel, LoadOptions, render_chat, supports_gpu_offload
+from ..llama.devices import supports_gpu_offload
+from ..llama.engine import GGML_TYPE_BF16, LlamaModel, LoadOptions
 from ..llama.rollback import TARGET_SNAPSHOTS
+from ..llama.template import render_chat
 from . import hardware
 from .gguf import read_gguf
 from .pair import check_pair
@@ -157,9 +159,10 @@ class LoadedEngine:
 
 
 def default_drafts(target: str) -> tuple[str, ...]:
-    """The drafts a target gets when the user names none: the registry's recommended draft model
-    and the model-free drafters marked `default` in decoding/registry.py (n-gram prompt lookup),
-    routed per round by the auto planner.
+    """The drafts a target gets when the user names none: the registry's recommended draft model, the
+    model's own MTP head where its file carries one (NextN layers: the registry says so, or the local
+    file's header does), and the model-free drafters marked `default` in decoding/registry.py (n-gram
+    prompt lookup), routed per round by the auto planner.
 
     Both kinds, because they win on different text: n-gram lookup is free and right on whatever
     copies the context (edits, rewrites, chat revisions), a draft model on fresh text where the verify
@@ -174,7 +177,25 @@ def default_drafts(target: str) -> tuple[str, ...]:
     reg = load_registry()
     ref = resolve(target, reg)
     rec = reg.recommended_draft(ref.alias) if ref.alias else None
-    return (*([rec] if rec else []), *registry.defaults())
+    head = (registry.MTP,) if carries_mtp(ref) else ()
+    return (*([rec] if rec else []), *head, *registry.defaults())
+
+
+def carries_mtp(ref: ModelRef) -> bool:
+    """Whether the target's file has multi-token-prediction (NextN) layers: the registry entry says so,
+    or the local (or already downloaded) file's header does. Never downloads anything."""
+    if ref.entry is not None and ref.entry.mtp:
+        return True
+    from .cache import cached_path
+
+    path = cached_path(ref)
+    if path is None:
+        return False
+    try:
+        info = read_gguf(path)
+    except ModelFileError:  # not a GGUF, or truncated: load() says so in its own words
+        return False
+    return int(info.arch_get("nextn_predict_layers", 0) or 0) > 0
 
 
 def locate(spec: str, *, offline: bool | None, console: object | None = None) -> Path:
@@ -282,7 +303,7 @@ def load(
             out.drafters.append(ModelDrafter(dm, p_min=cfg.p_min))
         if out.drafters:
             from ..decoding.calibration import K_MAX, exact_rows, tie_margin
-            from ..llama.engine import backend_info
+            from ..llama.devices import backend_info
 
             note("measuring batched-vs-one-token rounding (once per model, build and machine)")
             # the build's identity keys every calibration: a rebuild (the patch queue) changes kernels
@@ -374,7 +395,7 @@ def fit_before_download(
 
 def _offload_and_memory(gpu_layers: int | None) -> tuple[bool, hardware.MachineMemory]:
     """Whether layers go to a GPU, and this machine's RAM and (from llama.cpp) GPU memory."""
-    from ..llama.engine import device_memory
+    from ..llama.devices import device_memory
 
     return supports_gpu_offload() and gpu_layers != 0, hardware.machine_memory(device_memory())
 

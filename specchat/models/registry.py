@@ -79,6 +79,11 @@ class ModelEntry:
     license: str
     sha256: str | None = None
     draft: str | None = None
+    #: the file carries multi-token-prediction (NextN) layers: its own MTP head drafts (llama/mtp.py)
+    mtp: bool = False
+    #: alias of the model's MTP assistant, a separate drafter file that reads the target's cache
+    #: (Gemma 4's `mtp-gemma-4-*.gguf`); fetched with the target by `pull --with-draft`
+    assistant: str | None = None
     verified: bool = False
     mirror: Mirror | None = None
     line: int = 0  # line of the entry's table header in models.toml, for messages

@@ -84,6 +84,7 @@ def parse_registry(text: str, path: Path | None = None) -> Registry:
         entries[alias] = _parse_entry(alias, table, where, lines)
     for entry in entries.values():
         _check_draft(entry, entries, where, lines)
+        _check_assistant(entry, entries, where, lines)
     return Registry(models=MappingProxyType(entries), path=path)
 
 
@@ -99,6 +100,8 @@ _ENTRY_FIELDS: dict[str, tuple[type, bool]] = {
     "license": (str, True),
     "sha256": (str, False),
     "draft": (str, False),
+    "mtp": (bool, False),
+    "assistant": (str, False),
     "verified": (bool, False),
     "mirror": (dict, False),
 }
@@ -159,6 +162,8 @@ def _parse_entry(alias: str, table: Any, where: str, lines: _KeyLines) -> ModelE
         license=table["license"],
         sha256=sha,
         draft=table.get("draft"),
+        mtp=table.get("mtp", False),
+        assistant=table.get("assistant"),
         verified=table.get("verified", False),
         mirror=mirror,
         line=header,
@@ -247,6 +252,29 @@ def _check_draft(entry: ModelEntry, entries: Mapping[str, ModelEntry], where: st
             where,
             line,
             f"model '{entry.alias}': draft '{draft.alias}' is tokenizer family '{draft.family}', "
+            f"not '{entry.family}'",
+        )
+
+
+def _check_assistant(
+    entry: ModelEntry, entries: Mapping[str, ModelEntry], where: str, lines: _KeyLines
+) -> None:
+    """An `assistant` (a Gemma 4 MTP drafter file) must be another entry of the same tokenizer family."""
+    if entry.assistant is None:
+        return
+    line = lines.line(("models", entry.alias), "assistant")
+    other = entries.get(entry.assistant)
+    if other is None or other.alias == entry.alias:
+        raise _entry_error(
+            where,
+            line,
+            f"model '{entry.alias}': assistant '{entry.assistant}' is not another model in this file",
+        )
+    if other.family != entry.family:
+        raise _entry_error(
+            where,
+            line,
+            f"model '{entry.alias}': assistant '{other.alias}' is tokenizer family '{other.family}', "
             f"not '{entry.family}'",
         )
 

@@ -304,7 +304,8 @@ def teacher_force(
     target, teacher-forced), with the target's tie margin, exact batch size and verify curve.
     `gaps`: measure the gaps even where this build never reads them (every batch exact)."""
     from specchat.llama.buildcheck import build_identity, verified_exact_rows
-    from specchat.llama.engine import GGML_TYPE_BF16, LlamaModel, LoadOptions, backend_info
+    from specchat.llama.devices import backend_info
+    from specchat.llama.engine import GGML_TYPE_BF16, LlamaModel, LoadOptions
 
     cases = {}
     with LlamaModel(Path(target), LoadOptions(n_ctx=4096, type_v=GGML_TYPE_BF16)) as m:

@@ -60,7 +60,7 @@ def measure_pair(
     is used: point SPECCHAT_HOME at an empty folder for a fresh measurement."""
     from specchat.decoding.planner import make_planner
     from specchat.decoding.settings import CTX_SIZE
-    from specchat.llama.engine import backend_info, device_memory
+    from specchat.llama.devices import backend_info, device_memory
     from specchat.models.loader import LoadConfig, load
 
     n_ctx = n_ctx or CTX_SIZE

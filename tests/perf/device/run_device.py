@@ -102,7 +102,7 @@ def main() -> int:
 
     from random_gguf import PRESETS, write_random_gguf
 
-    from specchat.llama.engine import backend_info, device_memory, supports_gpu_offload
+    from specchat.llama.devices import backend_info, device_memory, supports_gpu_offload
 
     info = backend_info()
     say(

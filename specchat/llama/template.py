@@ -1,0 +1,28 @@
+"""Rendering a GGUF's chat template (Jinja) into a prompt."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+def render_chat(
+    template: str,
+    messages: Sequence[dict[str, str]],
+    *,
+    bos: str,
+    eos: str,
+    add_generation_prompt: bool = True,
+    tools: Sequence[dict[str, object]] | None = None,
+) -> str:
+    """Render a GGUF chat template with llama-cpp-python's Jinja2 formatter; `tools` (OpenAI tool
+    objects) become the template's `tools`, for templates that describe them to the model.
+
+    That formatter uses Jinja2's ImmutableSandboxedEnvironment: a template from a downloaded file is
+    untrusted code, and the sandbox keeps it away from Python internals.
+    """
+    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+    fmt = Jinja2ChatFormatter(
+        template=template, eos_token=eos, bos_token=bos, add_generation_prompt=add_generation_prompt
+    )
+    return fmt(messages=list(messages), tools=list(tools) if tools else None).prompt
