@@ -6,7 +6,8 @@ BIN    := $(VENV)/bin
 # round like one-token decoding) applied to its vendored llama.cpp, built once into a wheel cache
 # (~/.cache/specchat/llama-cpp-python; about 15 minutes on 2 cores) and reinstalled from there.
 # CMAKE_ARGS passes through to that build: CMAKE_ARGS="-DGGML_CUDA=on" make install gives a CUDA build;
-# on macOS arm64 llama.cpp builds with Metal by default. The install ends with a self-check of the build
+# on macOS llama.cpp builds with Metal, and takes the queue's Metal patch too (built again without it,
+# should that fail). The install ends with a self-check of the build
 # (quantised matmuls in a child process, then the batch-invariance probe); a build that crashes or
 # computes wrong numbers is rebuilt once for this CPU (no -march=native, no AMX, no cached wheel).
 export CMAKE_ARGS
@@ -14,7 +15,7 @@ PATCHES := $(wildcard patches/llama.cpp/*.patch)
 
 .PHONY: install test test-slow lint demo bench stress clean
 
-$(BIN)/specchat: pyproject.toml $(PATCHES) specchat/llama/build.py
+$(BIN)/specchat: pyproject.toml $(PATCHES) specchat/llama/build.py specchat/llama/patchqueue.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/python -m specchat.llama.build install
