@@ -13,7 +13,7 @@ BIN    := $(VENV)/bin
 export CMAKE_ARGS
 PATCHES := $(wildcard patches/llama.cpp/*.patch)
 
-.PHONY: install test test-slow lint demo bench stress clean
+.PHONY: install test test-slow lint demo bench stress verify-rows clean
 
 $(BIN)/specchat: pyproject.toml $(PATCHES) specchat/llama/build.py specchat/llama/patchqueue.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -60,6 +60,12 @@ bench: install
 	$(BIN)/specchat pull qwen2.5-coder-1.5b qwen2.5-coder-0.5b
 	$(BIN)/specchat bench qwen2.5-coder-1.5b --draft qwen2.5-coder-0.5b --draft ngram \
 		--max-tokens 128 --repeats 3 --ks 1,3,8 --save bench.json
+
+# verify batches against one-token decoding on this build and device (Metal, CUDA or the CPU) at 300 and
+# 1,500 KV cells, and what each width costs: tests/perf/device/verify_rows.py (GGUF=MODEL.gguf to check
+# a model of your own; without it, the install probe's tiny models and a random 1B-shaped model)
+verify-rows: install
+	$(BIN)/python tests/perf/device/verify_rows.py $(GGUF)
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info
