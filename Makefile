@@ -6,15 +6,16 @@ BIN    := $(VENV)/bin
 # round like one-token decoding) applied to its vendored llama.cpp, built once into a wheel cache
 # (~/.cache/specchat/llama-cpp-python; about 15 minutes on 2 cores) and reinstalled from there.
 # CMAKE_ARGS passes through to that build: CMAKE_ARGS="-DGGML_CUDA=on" make install gives a CUDA build;
-# on macOS arm64 llama.cpp builds with Metal by default. The install ends with a self-check of the build
+# on macOS llama.cpp builds with Metal, and takes the queue's Metal patch too (built again without it,
+# should that fail). The install ends with a self-check of the build
 # (quantised matmuls in a child process, then the batch-invariance probe); a build that crashes or
 # computes wrong numbers is rebuilt once for this CPU (no -march=native, no AMX, no cached wheel).
 export CMAKE_ARGS
 PATCHES := $(wildcard patches/llama.cpp/*.patch)
 
-.PHONY: install test test-slow lint demo bench stress clean
+.PHONY: install test test-slow lint demo bench stress verify-rows clean
 
-$(BIN)/specchat: pyproject.toml $(PATCHES) specchat/llama/build.py
+$(BIN)/specchat: pyproject.toml $(PATCHES) specchat/llama/build.py specchat/llama/patchqueue.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/python -m specchat.llama.build install
@@ -59,6 +60,12 @@ bench: install
 	$(BIN)/specchat pull qwen2.5-coder-1.5b qwen2.5-coder-0.5b
 	$(BIN)/specchat bench qwen2.5-coder-1.5b --draft qwen2.5-coder-0.5b --draft ngram \
 		--max-tokens 128 --repeats 3 --ks 1,3,8 --save bench.json
+
+# verify batches against one-token decoding on this build and device (Metal, CUDA or the CPU) at 300 and
+# 1,500 KV cells, and what each width costs: tests/perf/device/verify_rows.py (GGUF=MODEL.gguf to check
+# a model of your own; without it, the install probe's tiny models and a random 1B-shaped model)
+verify-rows: install
+	$(BIN)/python tests/perf/device/verify_rows.py $(GGUF)
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info

@@ -1,12 +1,13 @@
-"""The installed llama.cpp's activation quantiser against ggml's reference one, byte for byte, patch
-0011's vector expf against libm's, the several-rows repacked Q4_K kernel against the one-row GEMV, and
-patch 0013's repacked Q6_K kernel against itself one row at a time and against vec_dot.
+"""The installed llama.cpp's activation quantiser against ggml's reference one, byte for byte, the
+flash-attention patch's vector expf against libm's, the several-rows repacked Q4_K kernel against the
+one-row GEMV, and the repacked Q6_K kernel against itself one row at a time and against vec_dot.
 
-Patch 0009 vectorises quantize_row_q8_K (activations to Q8_K, the other side of every k-quant dot
-product) on x86. The invariance probe cannot catch a quantiser that is wrong the same way for one row
-and for a batch, so this holds it to the reference directly: the same bytes (scale, quants and 16-value
-sums) on rows built to hit its corners (.5 ties after scaling, all-zero blocks, the largest magnitude
-twice with opposite signs). Skipped where the build does not export both (not a CPU build of ggml).
+The x86 K-quant patch (patches/llama.cpp/0001-*) vectorises quantize_row_q8_K (activations to Q8_K, the
+other side of every k-quant dot product). The invariance probe cannot catch a quantiser that is wrong
+the same way for one row and for a batch, so this holds it to the reference directly: the same bytes
+(scale, quants and 16-value sums) on rows built to hit its corners (.5 ties after scaling, all-zero
+blocks, the largest magnitude twice with opposite signs). Skipped where the build does not export both
+(not a CPU build of ggml).
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ def _rows(rng: np.random.Generator, kind: int, n: int) -> np.ndarray:
     return x
 
 
-@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="patch 0009 is x86 code")
+@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="x86 code")
 def test_the_activation_quantiser_writes_the_reference_bytes():
     base, cpu = _libraries()
     cpu.ggml_cpu_init()
@@ -82,9 +83,9 @@ def test_the_activation_quantiser_writes_the_reference_bytes():
 
 
 @pytest.mark.parametrize("isa", ["native", "avx2"])
-def test_the_vector_expf_in_patch_0011_is_libms_expf(isa: str):
-    """Patch 0011's softmax exponentials (the AVX512 version on an AVX512 CPU, and the AVX2 one),
-    compiled from the patch file itself, equal libm's expf on a sample of every float range
+def test_the_vector_expf_in_the_flash_attention_patch_is_libms_expf(isa: str):
+    """The flash-attention patch's softmax exponentials (the AVX512 version on an AVX512 CPU, and the
+    AVX2 one), compiled from the patch file itself, equal libm's expf on a sample of every float range
     (`python tests/perf/expf_exact.py --stride 1 [--isa avx2]` checks all 2^32)."""
     why = expf_exact.can_run(isa)
     if why:
@@ -115,9 +116,9 @@ def _q4_kernels(cpu: ctypes.CDLL) -> tuple[object, object]:
 @pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="x86 code")
 @pytest.mark.parametrize("nrows", [2, 3, 4, 5, 8, 15, 16, 17])
 def test_the_several_rows_q4_K_kernel_gives_every_row_the_one_row_result(nrows: int):
-    """Patch 0006's kernel (with 0012's prefetch of the next column pair) on 72 columns (four 16-column
-    pairs, three of them prefetched ahead, and one 8-column group left over) equals the one-row GEMV
-    on every row, bit for bit; 2-3 rows take its 8-column loop, 17 rows a second block of rows."""
+    """The x86 K-quant patch's kernel (with its prefetch of the next column pair) on 72 columns (four
+    16-column pairs, three of them prefetched ahead, and one 8-column group left over) equals the
+    one-row GEMV on every row, bit for bit; 2-3 rows take its 8-column loop, 17 rows a second block."""
     _, cpu = _libraries("ggml_gemv_q4_K_8x8_q8_K_rows", "ggml_gemv_q4_K_8x8_q8_K")
     rows_kernel, one_row = _q4_kernels(cpu)
     cpu.ggml_cpu_init()  # fills the fp16 table the kernels read their scales through
@@ -166,7 +167,7 @@ def _repack_q6_K_8x8(w: np.ndarray) -> np.ndarray:
 @pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="x86 code")
 @pytest.mark.parametrize("nrows", [1, 2, 3, 4, 5, 8, 15, 16, 17, 33])
 def test_the_repacked_q6_K_kernel_gives_every_row_the_one_row_result(nrows: int):
-    """Patch 0013: repacked Q6_K takes ggml_gemv_q6_K_8x8_q8_K_rows for every row count (an 8-column
+    """With AVX512 VNNI, repacked Q6_K takes ggml_gemv_q6_K_8x8_q8_K_rows for every row count (an 8-column
     kernel up to 16 rows, a 16-column one past 16). On 72 columns (four 16-column pairs and one group
     left over), every row of a batch equals that row alone bit for bit, and the values are vec_dot's
     on the unrepacked blocks up to float rounding (so the layout is read as llama.cpp repacks it)."""

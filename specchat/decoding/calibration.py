@@ -187,21 +187,44 @@ def exact_batch(model: Model, n_max: int, *, filler: int = 16, widths: Sequence[
     return exact
 
 
+#: KV lengths the tie margin's noise is measured after (each clipped to the context): one on each
+#: side of every kernel bucket llama.cpp's backends key on the KV length. Stock CPU flash attention
+#: splits a single row's KV across threads from 512 cells (300 / 600); Metal's vec kernel takes its
+#: lane split from a per-GPU table from 1,024 and again from 4,096 cells (ggml-metal-tuning.h), and
+#: CUDA's flash attention changes kernels and splits from 4,096 cells (ggml-cuda/fattn.cu). Rounding
+#: differences also grow with the cells summed, so the long lengths bound a long conversation too.
+NOISE_CONTEXTS: tuple[int, ...] = (300, 600, 1024, 4096)
+
+
+def noise_lengths(n_ctx: int, contexts: Sequence[int] = NOISE_CONTEXTS, batch: int = 16) -> list[int]:
+    """The context lengths batch_noise decodes verify batches after: `contexts` clipped so that a batch
+    of `batch` rows still fits in the context, each once, ascending."""
+    return sorted({max(1, min(c, n_ctx - batch - 1)) for c in contexts})
+
+
 def batch_noise(
-    model: Model, *, contexts: Sequence[int] = (300, 600), sizes: Sequence[int] = (4, 16), drift: int = 32
+    model: Model,
+    *,
+    contexts: Sequence[int] = NOISE_CONTEXTS,
+    sizes: Sequence[int] = (4, 16),
+    drift: int = 32,
 ) -> float:
     """Largest |batched − one-token| logit difference, over verify batches of the given sizes after
-    contexts of the given lengths. Zero where the backend is bit-exact; on llama.cpp's CPU backend it
-    is not from 4 rows with repacked weights (another GEMM kernel), nor once the KV cache reaches 512
-    cells (its flash attention splits the KV across threads for a single query row only), and GPUs
-    use other kernels for batches than for one row. Both a small and a long batch are measured, as
-    auto mode verifies long copies in batches of up to 49 rows, and so is drift: rows decoded after
-    `drift` tokens whose K/V a long batch wrote, against one-token decoding of everything.
+    contexts of the given lengths (NOISE_CONTEXTS: both sides of each backend's KV-length kernel
+    buckets). Zero where the backend is bit-exact; on llama.cpp's CPU backend it is not from 4 rows
+    with repacked weights (another GEMM kernel), nor once the KV cache reaches 512 cells (its flash
+    attention splits the KV across threads for a single query row only), and GPUs use other kernels
+    for batches than for one row, and other attention splits from 1,024 or 4,096 cells. Both a small
+    and a long batch are measured, as auto mode verifies long copies in batches of up to 49 rows, and
+    so is drift: rows decoded after `drift` tokens whose K/V a long batch wrote, against one-token
+    decoding of everything.
 
-    Leaves the cache empty: call it right after loading."""
+    Cost: prefilling to the longest length (up to 4,096 tokens, in the backend's big batches) plus
+    max(sizes) one-token decodes and one batch per size at each length; measured once per model, build
+    and machine (tie_margin caches it). Leaves the cache empty: call it right after loading."""
     model.truncate(0)
     n = max(sizes)
-    lengths = sorted({max(1, min(c, model.n_ctx - n - 1)) for c in contexts})
+    lengths = noise_lengths(model.n_ctx, contexts, n)
     probe = [(i * 7919) % max(1, model.n_vocab - 16) + 8 for i in range(lengths[-1] + n)]
     worst = 0.0
     for length in lengths:
@@ -273,7 +296,7 @@ def tie_margin(target: Model, *, backend: str = "", use_cache: bool = True) -> f
     cannot overturn. Each logit moves by at most the measured noise, so a gap moves by at most twice
     that. Measured once per model file and machine, like the costs."""
     noise = _cached(
-        "noise3:" + _key(target, backend),
+        "noise4:" + _key(target, backend),  # 4: measured past 1,024 and 4,096 cells too
         lambda v: isinstance(v, float),
         lambda: batch_noise(target),
         use_cache,

@@ -17,16 +17,27 @@ which still satisfies `llama-cpp-python>=...` and tells `specchat doctor` which 
 A plain `pip install specchat` never comes here: it gets stock llama-cpp-python, which works as before
 (the invariance probe then reports where its batches part and the planner keeps its tie margin).
 
+Metal builds (macOS, or CMAKE_ARGS with -DGGML_METAL=ON) also take the queue's Metal patch, which
+only changes which Metal kernels verify batches run; should that build fail to compile, it is built
+again without it (never a broken install), and the build's checks then decide what is exact.
+
+The queue applies patch by patch with a three-way fallback (`patchqueue`), and
+`python -m specchat.llama.build rebase --sdist PATH.tar.gz` (or `--version X`) tries it on another
+llama-cpp-python release, reporting per patch: clean, applied with a 3-way merge, or failed (with
+the files).
+
 Standard library only: it runs in a fresh venv before specchat's dependencies are installed
 (`python -m specchat.llama.build install`).
 """
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import importlib.metadata
 import os
 import platform
+import re
 import shlex
 import shutil
 import subprocess
@@ -36,6 +47,8 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+
+from . import patchqueue
 
 #: the llama-cpp-python release whose vendored llama.cpp the patch queue is written against
 PINNED = "0.3.36"
@@ -150,6 +163,26 @@ def is_x86_linux(system: str | None = None, machine: str | None = None) -> bool:
     return system == "Linux" and machine in ("x86_64", "amd64")
 
 
+_CMAKE_TRUE = frozenset({"1", "ON", "YES", "TRUE", "Y"})
+
+
+def cmake_option_on(cmake_args: str, option: str) -> bool:
+    """Whether CMAKE_ARGS set a CMake option to a true value (the last -DOPTION[:BOOL]=VALUE wins)."""
+    value = ""
+    for arg in shlex.split(cmake_args):
+        found = re.fullmatch(rf"-D{re.escape(option)}(?::BOOL)?=(.*)", arg)
+        if found:
+            value = found.group(1).strip().upper()
+    return value in _CMAKE_TRUE or (value.lstrip("-").isdigit() and int(value) != 0)
+
+
+def is_metal_build(cmake_args: str, system: str | None = None) -> bool:
+    """Whether the build compiles llama.cpp's Metal backend, and so takes the queue's Metal patch: every
+    macOS build (llama-cpp-python's CMakeLists forces GGML_METAL on for APPLE, Intel or Apple silicon,
+    whatever CMAKE_ARGS say), elsewhere only one whose CMAKE_ARGS turn GGML_METAL on."""
+    return (system or platform.system()) == "Darwin" or cmake_option_on(cmake_args, "GGML_METAL")
+
+
 def first_build_args(cmake_args: str, *, cpuinfo: str | None = None, x86: bool | None = None) -> str:
     """CMAKE_ARGS for the patched build's first try.
 
@@ -239,24 +272,24 @@ def fetch_sdist(version: str, *, python: str = sys.executable, say: Say = _say) 
     return path
 
 
-def apply_patches(llama_dir: Path, patches: Sequence[Path]) -> None:
-    """Apply the queue to a vendored llama.cpp tree, checking each patch first; a patch that does not
-    apply is named, and nothing after it is applied."""
-    # git apply inside a repository applies only paths below the current folder, relative to the
-    # repository's root -- and skips the rest with exit status 0. The sdist ships a .git of its own,
-    # so stop git from discovering any repository above the tree: it then patches plain files.
-    env = {**os.environ, "GIT_CEILING_DIRECTORIES": str(llama_dir.resolve().parent)}
-    for patch in patches:
-        for check in (True, False):
-            argv = ["git", "apply", "--verbose", *(["--check"] if check else []), str(patch)]
-            done = subprocess.run(argv, cwd=llama_dir, capture_output=True, text=True, check=False, env=env)
-            skipped = [ln for ln in done.stderr.splitlines() if ln.startswith("Skipped patch")]
-            if done.returncode != 0 or skipped:
-                why = (skipped or done.stderr.strip().splitlines() or ["git apply failed"])[0]
-                raise BuildError(f"{patch.name} does not apply to {llama_dir}: {why}")
+def apply_patches(llama_dir: Path, patches: Sequence[Path], *, say: Say | None = None) -> None:
+    """Apply the queue to a vendored llama.cpp tree, patch by patch: as it is where it fits, merged
+    three ways where its context moved (patchqueue). A patch that does not apply is named with its
+    files, and nothing after it is applied."""
+    try:
+        results = patchqueue.apply_queue(llama_dir, patches)
+    except (OSError, RuntimeError) as exc:  # no git, or git itself failed
+        raise BuildError(f"could not apply the patch queue in {llama_dir}: {exc}") from exc
+    for result in results:
+        if result.status == patchqueue.FAILED:
+            files = f" ({', '.join(result.files)})" if result.files else ""
+            raise BuildError(f"{result.patch} does not apply to {llama_dir}{files}: {result.detail}")
+        if result.status == patchqueue.MERGED and say is not None:
+            say(f"  {result.line()}")
 
 
-def prepare_source(sdist: Path, patches: Sequence[Path], workdir: Path, version: str) -> Path:
+def prepare_source(sdist: Path, patches: Sequence[Path], workdir: Path, version: str, *,
+                   say: Say | None = None) -> Path:  # fmt: skip
     """Unpack the sdist into `workdir`, apply the queue to vendor/llama.cpp and stamp the local
     version into llama_cpp/__init__.py (scikit-build-core reads the wheel's version from there)."""
     with tarfile.open(sdist) as tar:
@@ -268,11 +301,7 @@ def prepare_source(sdist: Path, patches: Sequence[Path], workdir: Path, version:
     if len(roots) != 1:
         raise BuildError(f"unexpected layout in {sdist.name}")
     src = roots[0]
-    llama_dir = src / "vendor" / "llama.cpp"
-    stale_git = llama_dir / ".git"  # a submodule pointer in the sdist: git apply must not follow it
-    if stale_git.is_file():
-        stale_git.unlink()
-    apply_patches(llama_dir, patches)
+    apply_patches(src / "vendor" / "llama.cpp", patches, say=say)
     init = src / "llama_cpp" / "__init__.py"
     text = init.read_text()
     base = version.split("+", 1)[0]
@@ -289,33 +318,71 @@ def cached_wheel(key: str) -> Path | None:
     return wheels[-1] if wheels else None
 
 
+def wheel_version(wheel: Path) -> str:
+    """The version in a wheel's file name (llama_cpp_python-0.3.36+specchat.1a2b3c4d5e-py3-...whl)."""
+    return wheel.name.split("-")[1]
+
+
+#: compiles an unpacked, patched source tree into a wheel in `staging`: (src, staging, env, log) -> exit
+#: status (pip by default; the tests pass a fake)
+Builder = Callable[[Path, Path, dict[str, str], Path], int]
+
+
 def build_wheel(*, version: str = PINNED, patches: Sequence[Path] | None = None, cmake_args: str = "",
-                python: str = sys.executable, say: Say = _say) -> Path:  # fmt: skip
-    """The patched wheel for these inputs: from the cache, else built (and then cached)."""
-    patches = patch_queue() if patches is None else list(patches)
-    key = build_key(version, patches, cmake_args)
+                python: str = sys.executable, say: Say = _say,
+                builder: Builder | None = None) -> Path:  # fmt: skip
+    """The patched wheel for these inputs: from the cache, else built (and then cached).
+
+    `patches` is the whole queue; a build takes the patches `patchqueue.for_build` selects (the Metal
+    patch on Metal builds only). Should a build with the Metal patch fail, it is built once more
+    without it and that wheel is cached under the same key, so a reinstall does not fail again: its
+    version names the queue it holds, and the build's checks decide what is exact."""
+    queue = patch_queue() if patches is None else list(patches)
+    key = build_key(version, queue, cmake_args)
     hit = cached_wheel(key)
     if hit is not None:
         say(f"using the cached patched {PACKAGE} wheel {hit.name}")
         return hit
     sdist = fetch_sdist(version, python=python, say=say)
-    out = cache_dir() / "wheels" / key
     log = cache_dir() / "build.log"
     log.unlink(missing_ok=True)  # one build's output per log
+    if builder is None:
+
+        def builder(src: Path, staging: Path, env: dict[str, str], log: Path) -> int:
+            argv = [python, "-m", "pip", "wheel", "--no-deps", "--no-cache-dir", "-w", str(staging), str(src)]
+            return _run_logged(argv, log, env=env, say=say, what="still building")
+
+    chosen = patchqueue.for_build(queue, is_metal_build(cmake_args))
+    try:
+        return _build(sdist, chosen, version, cmake_args, key, log, builder, say)
+    except BuildError as exc:
+        without = [p for p in chosen if not patchqueue.is_metal_patch(p)]
+        if len(without) == len(chosen):
+            raise
+        say(f"{exc}; building again without the Metal patch ({', '.join(_numbers(chosen, without))})")
+        return _build(sdist, without, version, cmake_args, key, log, builder, say)
+
+
+def _numbers(chosen: Sequence[Path], kept: Sequence[Path]) -> list[str]:
+    return [p.name.split("-", 1)[0] for p in chosen if p not in kept]
+
+
+def _build(sdist: Path, patches: Sequence[Path], version: str, cmake_args: str, key: str, log: Path,
+           builder: Builder, say: Say) -> Path:  # fmt: skip
+    """Unpack, patch and compile once; the wheel is moved into the cache under `key`."""
     shown = f" CMAKE_ARGS={shlex.quote(cmake_args)}" if cmake_args else ""
     say(
         f"building {PACKAGE} {version} with {len(patches)} llama.cpp patches (about 15 minutes on 2 "
         f"cores, once; log: {log}){shown}"
     )
     with tempfile.TemporaryDirectory(prefix="specchat-llama-build-") as tmp:
-        src = prepare_source(sdist, patches, Path(tmp), local_version(version, patches))
+        src = prepare_source(sdist, patches, Path(tmp), local_version(version, patches), say=say)
         staging = Path(tmp) / "wheel"
-        env = {**os.environ, "CMAKE_ARGS": cmake_args}
-        argv = [python, "-m", "pip", "wheel", "--no-deps", "--no-cache-dir", "-w", str(staging), str(src)]
-        rc = _run_logged(argv, log, env=env, say=say, what="still building")
+        rc = builder(src, staging, {**os.environ, "CMAKE_ARGS": cmake_args}, log)
         built = sorted(staging.glob("llama_cpp_python-*.whl"))
         if rc != 0 or not built:
             raise BuildError(f"building {PACKAGE} failed (exit {rc}); the build log is {log}")
+        out = cache_dir() / "wheels" / key
         out.mkdir(parents=True, exist_ok=True)
         target = out / built[-1].name
         shutil.move(str(built[-1]), target)
@@ -338,54 +405,106 @@ def install(*, cmake_args: str | None = None, force: bool = False, say: Say = _s
 
     Returns 0 when the patched build is installed (or already was), 1 with one line on failure."""
     cmake_args = first_build_args(os.environ.get("CMAKE_ARGS", "")) if cmake_args is None else cmake_args
-    patches = patch_queue()
-    if not patches:
+    queue = patch_queue()
+    if not queue:
         say("no patches/llama.cpp queue here: keeping the stock llama-cpp-python")
         return 0
-    want = local_version(PINNED, patches)
-    key = build_key(PINNED, patches, cmake_args)
-    if not force and installed_version() == want and (cache_dir() / "wheels" / key).is_dir():
-        say(f"{PACKAGE} {want} (patched) is installed")
+    hit = cached_wheel(build_key(PINNED, queue, cmake_args))
+    if not force and hit is not None and installed_version() == wheel_version(hit):
+        say(f"{PACKAGE} {wheel_version(hit)} (patched) is installed")
         return 0
     try:
-        wheel = build_wheel(cmake_args=cmake_args, patches=patches, say=say)
+        wheel = build_wheel(cmake_args=cmake_args, patches=queue, say=say)
         install_wheel(wheel, say=say)
     except BuildError as exc:
         say(f"error: {exc}")
         return 1
-    say(f"installed {PACKAGE} {want} (patched: {', '.join(p.name.split('-', 1)[0] for p in patches)})")
+    held = next(
+        (ps for ps in _selections(queue, cmake_args) if local_version(PINNED, ps) == wheel_version(wheel)), []
+    )
+    names = ", ".join(p.name.split("-", 1)[0] for p in held) or "see its version"
+    say(f"installed {PACKAGE} {wheel_version(wheel)} (patched: {names})")
     return 0
 
 
-def check_queue(*, say: Say = _say) -> int:
-    """Apply the queue to a scratch copy of the pinned sdist (already downloaded): 0 when it applies."""
-    sdist = cache_dir() / "sdist" / f"llama_cpp_python-{PINNED}.tar.gz"
-    if not sdist.is_file():
-        say(f"no {sdist.name} in {sdist.parent}: run `make install` first")
+def _selections(queue: Sequence[Path], cmake_args: str) -> list[list[Path]]:
+    """The patch sets a wheel for these inputs may hold: the build's choice, then that less Metal."""
+    chosen = patchqueue.for_build(queue, is_metal_build(cmake_args))
+    return [chosen, [p for p in chosen if not patchqueue.is_metal_patch(p)]]
+
+
+def pinned_sdist(*, say: Say = _say) -> Path:
+    """The pinned release's sdist: the cached one, else downloaded."""
+    cached = cache_dir() / "sdist" / f"llama_cpp_python-{PINNED}.tar.gz"
+    return cached if cached.is_file() else fetch_sdist(PINNED, say=say)
+
+
+def rebase_report(target: Path, *, patches: Sequence[Path] | None = None, write: Path | None = None,
+                  say: Say = _say) -> int:  # fmt: skip
+    """Try the whole queue on another llama-cpp-python sdist (three ways where a patch does not fit as
+    it is) and report per patch: clean, applied with a 3-way merge, or failed with its files. 0 when
+    every patch applies, 1 when one does not, 2 when it could not be tried."""
+    queue = patch_queue() if patches is None else list(patches)
+    if not queue:
+        say("no patches/llama.cpp queue here")
         return 2
-    with tempfile.TemporaryDirectory(prefix="specchat-patch-check-") as tmp:
+    if not target.is_file():
+        say(f"error: no sdist at {target} (a llama_cpp_python-VERSION.tar.gz)")
+        return 2
+    with tempfile.TemporaryDirectory(prefix="specchat-rebase-") as tmp:
         try:
-            prepare_source(sdist, patch_queue(), Path(tmp), local_version(PINNED, patch_queue()))
-        except BuildError as exc:
+            commit, results = patchqueue.rebase(target, queue, pinned_sdist(say=say), Path(tmp), write=write)
+        except (BuildError, OSError, RuntimeError, ValueError, tarfile.TarError) as exc:
             say(f"error: {exc}")
-            return 1
-    say(f"all {len(patch_queue())} patches apply to {PACKAGE} {PINNED}")
-    return 0
+            return 2
+    vendors = f" (llama.cpp {commit})" if commit else ""
+    say(f"the patch queue on {target.name}{vendors}, three ways where a patch does not fit as it is:")
+    for result in results:
+        say(f"  {result.line()}")
+    failed = [r for r in results if r.status == patchqueue.FAILED]
+    clean = sum(r.status == patchqueue.CLEAN for r in results)
+    say(
+        f"{len(results) - len(failed)} of {len(results)} patches apply ({clean} clean, "
+        f"{len(results) - len(failed) - clean} merged three ways, {len(failed)} failed)"
+        + (
+            f"; the rebased patches are in {write}"
+            if write is not None and len(failed) < len(results)
+            else ""
+        )
+    )
+    return 1 if failed else 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m specchat.llama.build install [--force] | check | version`."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    command = args[0] if args else "install"
-    if command == "install":
-        return install(force="--force" in args[1:])
-    if command == "check":
-        return check_queue()
-    if command == "version":
-        print(local_version(PINNED, patch_queue()))
+    """`python -m specchat.llama.build install [--force] | check | version | rebase (--sdist PATH |
+    --version X) [--write DIR]`."""
+    about = f"the pinned {PACKAGE} {PINNED} with specchat's llama.cpp patch queue (patches/llama.cpp)"
+    parser = argparse.ArgumentParser(prog="python -m specchat.llama.build", description=about)
+    sub = parser.add_subparsers(dest="command")
+    inst = sub.add_parser("install", help="build (or take from the cache) and install the patched wheel")
+    inst.add_argument("--force", action="store_true", help="reinstall even if this build is installed")
+    sub.add_parser("check", help=f"does the whole queue apply to the pinned {PACKAGE} {PINNED}?")
+    sub.add_parser("version", help="the local version the patched wheel carries")
+    reb = sub.add_parser("rebase", help=f"try the queue on another {PACKAGE} release, three ways")
+    which = reb.add_mutually_exclusive_group(required=True)
+    which.add_argument("--sdist", type=Path, help="a llama_cpp_python-VERSION.tar.gz")
+    which.add_argument("--version", help=f"a {PACKAGE} version to download from the package index")
+    reb.add_argument("--write", type=Path, help="a folder for the patches as they applied there")
+    args = parser.parse_args(list(sys.argv[1:] if argv is None else argv) or ["install"])
+    if args.command == "install":
+        return install(force=args.force)
+    if args.command == "check":
+        return rebase_report(pinned_sdist())
+    if args.command == "version":  # what a build on this machine with these CMAKE_ARGS holds
+        cmake_args = first_build_args(os.environ.get("CMAKE_ARGS", ""))
+        print(local_version(PINNED, _selections(patch_queue(), cmake_args)[0]))
         return 0
-    print(f"usage: python -m specchat.llama.build install [--force] | check | version (got {command!r})")
-    return 2
+    try:
+        target = args.sdist or fetch_sdist(args.version)
+    except BuildError as exc:
+        print(f"error: {exc}")
+        return 2
+    return rebase_report(target, write=args.write)
 
 
 if __name__ == "__main__":

@@ -59,7 +59,7 @@ BAD = frozenset({WRONG, CRASHED})
 TOLERANCE = 0.25
 PROBE_TIMEOUT = 180.0
 PROBE_ROWS = 16
-#: Q6_K: patch 0013 repacks it on x86 with AVX512 VNNI (its own kernel for every row count)
+#: Q6_K: the x86 K-quant patch repacks it with AVX512 VNNI (its own kernel for every row count)
 PROBE_TYPES = ("Q4_0", "Q8_0", "Q4_K", "Q6_K")
 
 _SIGNAL_EXIT = 128  # a shell reports "killed by signal N" as 128 + N

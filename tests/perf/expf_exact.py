@@ -1,10 +1,11 @@
-"""Patch 0011's vector expf against this machine's libm expf, bit for bit.
+"""The flash-attention patch's vector expf against this machine's libm expf, bit for bit.
 
-Patch 0011 computes the flash-attention softmax's exponentials 16 at a time with a copy of glibc's
-expf in AVX512 (and checks itself against libm once per process, falling back to libm on any
-difference). This takes the code out of the patch file itself (the lines from its table to the end
-of `ggml_fa_expf16`), compiles it with a loop over float bit patterns and compares every result with
-libm's `expf`: `--stride 1` is all 2^32 floats (~35 s on one core), the default a sample for a test.
+The flash-attention patch (patches/llama.cpp/0003-*) computes the softmax's exponentials 16 at a time
+with a copy of glibc's expf in AVX512 (and checks itself against libm once per process, falling back to
+libm on any difference). This takes the code out of the patch file itself (the lines from its table to
+the end of `ggml_fa_expf16`), compiles it with a loop over float bit patterns and compares every result
+with libm's `expf`: `--stride 1` is all 2^32 floats (~35 s on one core), the default a sample for a
+test.
 
     python tests/perf/expf_exact.py [--stride N] [--isa native|avx2] [--patch PATH]
 
@@ -66,6 +67,14 @@ def patch_code(patch: Path) -> str:
     return text[start:end]
 
 
+def queue_patch_with(marker: str) -> Path:
+    """The queue's patch that adds `marker` (found by content, so a renumbered queue needs no edit)."""
+    for patch in sorted(PATCH.glob("*.patch")):
+        if marker in patch.read_text():
+            return patch
+    raise SystemExit(f"no patch in {PATCH} adds {marker!r}")
+
+
 ISA_FLAGS = {"native": ["-march=native"], "avx2": ["-march=x86-64-v3"]}
 ISA_CPU = {"native": ("avx512f", "avx512dq"), "avx2": ("avx2", "fma")}
 
@@ -86,7 +95,7 @@ def can_run(isa: str = "native") -> str | None:
 
 def check(stride: int, patch: Path | None = None, isa: str = "native") -> tuple[bool, str]:
     """Compile the patch's expf with a comparison loop and run it; (all equal, its report line)."""
-    patch = patch or sorted(PATCH.glob("0011-*.patch"))[0]
+    patch = patch or queue_patch_with(START)
     source = "#include <immintrin.h>\n#include <math.h>\n#include <stdint.h>\n#include <string.h>\n"
     source += patch_code(patch) + MAIN
     with tempfile.TemporaryDirectory(prefix="specchat-expf-") as tmp:

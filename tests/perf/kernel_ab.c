@@ -1,20 +1,20 @@
-// Two builds of libggml-cpu in one process: their several-rows kernels (patch 0006's repacked Q4_K,
-// 0007-0008's Q6_K) alternated call by call on the same random weights, and the median time of each,
+// Two builds of libggml-cpu in one process: their several-rows kernels (the x86 K-quant patch's
+// repacked Q4_K one and its unrepacked Q6_K one) alternated call by call on the same random weights, and the median time of each,
 // in nanoseconds per weight block and row, with whether the two builds' results are the same bytes.
-// `q6r` compares two Q6_K kernels instead: A's 0007 kernel on the plain blocks against B's patch-0013
-// kernel (ggml_gemv_q6_K_8x8_q8_K_rows, AVX512 VNNI builds) on the same blocks repacked; the two round
+// `q6r` compares two Q6_K kernels instead: A's several-rows vec_dot on the plain blocks against B's
+// repacked kernel (ggml_gemv_q6_K_8x8_q8_K_rows, AVX512 VNNI builds) on the same blocks repacked; the two round
 // differently, so it prints their largest difference relative to the largest value (A and B may be
 // the same library).
-// A kernel-level A/B for a patch that only changes speed (0008's and 0012's prefetches): comparing
+// A kernel-level A/B for a change that only changes speed (a prefetch, say): comparing
 // two processes on a small VM mixes the change with the machine's drift, alternating in one does not.
 // Large W streams the weights from memory, as a model does (1536 x 65536 repacked Q4_K is 57 MB);
 // small W keeps them in cache. Not a test. Build and run (A and B: two copies of libggml-cpu.so, e.g.
-// the installed wheel's and a build of the queue with one more patch):
+// the installed wheel's and a build of the queue with a change to a kernel):
 //   L=$(.venv/bin/python -c 'import llama_cpp, os; print(os.path.dirname(llama_cpp.__file__))')/lib
 //   gcc -O2 tests/perf/kernel_ab.c -o /tmp/kernel_ab -ldl -lm
 //   LD_LIBRARY_PATH=$L /tmp/kernel_ab A/libggml-cpu.so B/libggml-cpu.so 1536 65536 16 15 [q6|q6r]
 // (arguments: the two libraries, the row length n, the weight columns W, the activation rows R <= 64,
-// the rounds, and q6 for the Q6_K kernel, q6r for 0007's against 0013's). Each library is dlopen'ed
+// the rounds, and q6 for the Q6_K kernel, q6r for the vec_dot one against the repacked one). Each library is dlopen'ed
 // RTLD_LOCAL and initialised with its own ggml_cpu_init(), which fills the fp16 table the kernels read
 // their scales through.
 #include <dlfcn.h>
@@ -22,7 +22,7 @@
 #include <stdio.h>
 #include <string.h>
 #include "kernel_blocks.h"
-// the repacked GEMVs' signature (0006's Q4_K, 0013's Q6_K), and 0007's several-rows vec_dot's
+// the repacked GEMVs' signature (Q4_K, Q6_K), and the several-rows Q6_K vec_dot's
 typedef void (*gemv_rows_fn)(int, float *, size_t, const void *, const void *, int, int);
 typedef void (*q6_rows_fn)(int, float *, size_t, const void *, const void *, size_t, int);
 // largest |a - b| over the largest |a|
@@ -75,7 +75,7 @@ int main(int argc, char ** argv) {
   char verdict[64];
   if (q6r) snprintf(verdict, sizeof verdict, "largest difference %.1e of the largest value", gap);
   printf("%s n=%d W=%ld (%.0f MB) R=%d: A %.2f  B %.2f ns per %s and row (medians of %d), B/A %.3f, %s\n",
-         q6r ? "Q6_K, A 0007 / B 0013 repacked" : q6 ? "Q6_K" : "Q4_K", n, W, sz / 1e6, R, a, b,
+         q6r ? "Q6_K, A vec_dot rows / B repacked" : q6 ? "Q6_K" : "Q4_K", n, W, sz / 1e6, R, a, b,
          q6 ? "superblock" : "8-column block", rounds, b / a, q6r ? verdict : same ? "same results" : "RESULTS DIFFER");
   return q6r ? gap > 1e-5 : !same;
 }

@@ -1,12 +1,12 @@
-// The several-rows kernels of patches 0006 (repacked Q4_K) and 0007-0008 (Q6_K) against the one-row kernels,
+// The x86 K-quant patch's several-rows kernels (repacked Q4_K; unrepacked Q6_K) against the one-row kernels,
 // on random data that stays in cache: nanoseconds per weight block and row, and whether every row's
 // result equals the one-row kernel's bit for bit ("same"). Not a test; a kernel-level check to run after
 // changing either patch. Build against the patched libggml-cpu (the venv's, or a build of the queue):
 //   L=$(.venv/bin/python -c 'import llama_cpp, os; print(os.path.dirname(llama_cpp.__file__))')/lib
 //   gcc -O2 -march=native tests/perf/kernel_rows.c -o /tmp/kernel_rows -L$L -lggml-cpu -lggml-base -lm -Wl,-rpath,$L
 //   /tmp/kernel_rows
-// W is 72 columns: four 16-column pairs and one 8-column group left over (both paths of 0006). Last, the
-// activation quantiser of patch 0009 (quantize_row_q8_K) against the reference one (libggml-base's
+// W is 72 columns: four 16-column pairs and one 8-column group left over (both paths of the Q4_K kernel). Last,
+// the vectorised activation quantiser (quantize_row_q8_K) against the reference one (libggml-base's
 // quantize_row_q8_K_ref), on random rows with ties and zero blocks: "same" where every byte agrees.
 // ggml_cpu_init() comes first: it fills the fp16 table the kernels read their scales through (without it
 // every scale reads as 0, every result is 0, and "same" says nothing).
@@ -49,7 +49,7 @@ int main(void){
     int bad4=memcmp(out,ref,sizeof(float)*R*W)!=0;
     printf("rows %2d  Q6_K ns/superblock/row: one-row %.2f  rows %.2f %s | Q4_Kx8 ns/block/row: gemv %.2f rows %.2f %s\n",R,t1,t2,bad?"DIFF":"same",t3,t4,bad4?"DIFF":"same");
   }
-  // the activation quantiser (0009) against the reference, then its speed: 16 rows of n values
+  // the activation quantiser against the reference, then its speed: 16 rows of n values
   {
     const int k=n*16; float *xf=malloc(sizeof(float)*k);
     block_q8_K *qa=malloc(sizeof(block_q8_K)*k/QK_K), *qb=malloc(sizeof(block_q8_K)*k/QK_K);

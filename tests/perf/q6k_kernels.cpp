@@ -1,4 +1,4 @@
-// Patch 0013's two repacked-Q6_K kernels side by side, compiled from the patch file itself (the
+// The x86 K-quant patch's two repacked-Q6_K kernels side by side, compiled from the patch file itself (the
 // 8-column one that one token and verify batches take, and the 16-column one that batches past 16
 // rows take), on the same random blocks: ns per superblock and row for each, the ratio, and whether
 // they give the same bytes (they must: a column's arithmetic is the same in both). Not a test; run it

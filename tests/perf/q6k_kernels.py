@@ -1,4 +1,4 @@
-"""Patch 0013's two repacked-Q6_K kernels timed side by side, compiled from the patch file itself.
+"""The x86 K-quant patch's two repacked-Q6_K kernels timed side by side, compiled from the patch file.
 
 Why: ggml_gemv_q6_K_8x8_q8_K_rows picks its kernel by row count (an 8-column one reading the weights
 in one stream, a 16-column one that regroups the values once for up to 16 rows), and which is faster
@@ -21,15 +21,18 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-PATCH = next((HERE.parents[1] / "patches" / "llama.cpp").glob("0013-*.patch"))
+QUEUE = HERE.parents[1] / "patches" / "llama.cpp"
 START = (
     "#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__)"
 )
+#: the 8-column kernel, defined in the block that holds both kernels and their helper
+KERNEL = "ggml_q6_Kx8_rows_8"
+PATCH = next((p for p in sorted(QUEUE.glob("*.patch")) if KERNEL in p.read_text()), QUEUE / "missing.patch")
 
 
 def kernels_source(patch: Path = PATCH) -> str:
-    """The patch's added lines from its first AVX512 VNNI block to that block's #endif: the two
-    kernels and their helper, as the patched repack.cpp holds them."""
+    """The patch's added lines from the first AVX512 VNNI block that holds KERNEL to that block's
+    #endif: the two kernels and their helper, as the patched repack.cpp holds them."""
     out: list[str] = []
     for line in patch.read_text().splitlines():
         if not line.startswith("+") or line.startswith("+++"):
@@ -39,8 +42,11 @@ def kernels_source(patch: Path = PATCH) -> str:
             continue
         out.append(text)
         if text == "#endif":
-            return "\n".join(out) + "\n"
-    raise SystemExit(f"{patch.name}: no AVX512 VNNI kernel block found")
+            block = "\n".join(out) + "\n"
+            if KERNEL in block:
+                return block
+            out = []
+    raise SystemExit(f"{patch.name}: no AVX512 VNNI block with {KERNEL} found")
 
 
 def main() -> None:

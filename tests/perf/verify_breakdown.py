@@ -8,7 +8,7 @@ they compute (the symbols are llama.cpp's CPU backend's, patched or stock).
 
 Usage: python tests/perf/verify_breakdown.py TARGET.gguf [--sizes 1,2,4,8,16] [--seconds 8]
        [--cells 200] [--v-type bf16|f16]
-       [--env NAME=VALUE ...]    (GGML_CPU_MULTIROW=0: the several-rows kernels of patches 0006-0008 off)
+       [--env NAME=VALUE ...]    (GGML_CPU_MULTIROW=0: the x86 K-quant patch's several-rows kernels off)
 --cells: KV cells filled before the batches (a long conversation: attention's share grows with it);
 --v-type: the V cache's type (f16 is what `specchat run` and `serve` load on a verified build; the
 tables before stop 33 used bf16, the default here).
@@ -34,9 +34,9 @@ GROUPS: tuple[tuple[str, str], ...] = (
     ("activations to Q8_K", r"quantize_row_q8_K|quantize_mat"),
     ("thread waits", r"libgomp|ggml_barrier|sched_yield"),
     ("norms, rope, glu, adds", r"rms_norm|rope|swiglu|glu|add|mul_f32|get_rows|cpy|scale"),
-    # a wheel's libggml-cpu keeps no names for its static functions: patch 0005's grouped attention
-    # kernel and, on AVX512 VNNI builds, patch 0013's repacked Q6_K kernels (the static helpers of
-    # ggml_gemv_q6_K_8x8_q8_K_rows) are the bulk of these; a build with symbols shows them by name
+    # a wheel's libggml-cpu keeps no names for its static functions: the flash-attention patch's
+    # grouped attention kernel and, on AVX512 VNNI builds, the repacked Q6_K kernels (the static
+    # helpers of ggml_gemv_q6_K_8x8_q8_K_rows) are the bulk of these; a build with symbols shows them
     ("unnamed ggml-cpu", r"libggml-cpu\S* 0x[0-9a-f]+[\s-]*$"),  # perf may pad the line with "-  -"
 )
 

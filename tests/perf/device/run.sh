@@ -6,6 +6,8 @@
 # Everything printed also goes to $OUT/log.
 #
 # Usage: bash tests/perf/device/run.sh [run_device.py options, e.g. --dry-run --published]
+#   SCRIPT  the script it runs (default run_device.py; verify_rows.py: verify rows against one-token
+#           decoding and their cost, see README.md)
 #   OUT     where the log, the curve file and the replay table go (default ./device-out)
 #   PYTHON  the interpreter (default python3: /opt/torch/.venv/bin/python3 on the lent machine)
 #   SITE    where the carried wheels are installed (default /tmp/site)
@@ -64,7 +66,7 @@ main() {
     echo "== ldd $(basename "$so") (CUDA libraries, and anything not found):"
     ldd "$so" | grep -E "not found|cudart|cublas|libcuda\.so"
   done
-  "$PY" -u tests/perf/device/run_device.py --out "$OUT" "$@"
+  "$PY" -u "tests/perf/device/${SCRIPT:-run_device.py}" --out "$OUT" "$@"
 }
 
 main "$@" 2>&1 | tee "$OUT/log"
