@@ -4,6 +4,13 @@ from __future__ import annotations
 
 import pytest
 
+from .hybrid_models import (  # noqa: F401  (re-exported fixtures)
+    gemma4_pair,
+    hybrid_models_dir,
+    lfm2_pair,
+    qwen35_mtp,
+    qwen35_pair,
+)
 from .real_models import real_pair  # noqa: F401  (re-exported fixtures)
 from .serving import tiny_engine, tiny_url  # noqa: F401  (re-exported fixtures)
 from .tiny_models import (  # noqa: F401  (re-exported fixtures)
