@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from specchat.errors import EngineError
-from specchat.llama.engine import LlamaModel, LlamaVocab, LoadOptions
+from specchat.llama.engine import LlamaModel, LoadOptions
+from specchat.llama.vocab import LlamaVocab
 
 from .hybrid_models import Qwen35Shape, write_lfm2_draft, write_qwen2, write_qwen35
 from .planted_gguf import Family, Vocab, tiny_family
