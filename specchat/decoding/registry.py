@@ -129,7 +129,7 @@ MTP_HELP = "the model's own multi-token-prediction head, where its GGUF has one"
 
 def is_target_head(spec: str) -> bool:
     """Whether `--draft spec` names the target's own drafter rather than a model or a model-free one."""
-    return spec == MTP
+    return spec.partition(":")[0] == MTP
 
 
 def split(spec: str) -> tuple[str, dict[str, str]]:

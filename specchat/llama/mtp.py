@@ -43,15 +43,25 @@ def _ext() -> object:
     return llama_cpp_ext
 
 
-class MtpHead:
-    """The NextN head of `target` (loaded with `LoadOptions.load_mtp`), with its own K/V."""
+#: the target's hidden states kept for a head that has not read them yet, at most (a head the planner
+#: leaves idle through a long prompt reads the ones it has; older positions get none: its drafts are
+#: the poorer for it, never wrong)
+MAX_PENDING_STATES = 8192
 
-    def __init__(self, target: LlamaModel, *, verbose: bool = False) -> None:
-        if target.n_nextn <= 0:
-            raise EngineError(f"{target.name} has no multi-token-prediction (NextN) layers")
+
+def _meta(model: object, key: str) -> str | None:
+    buf = ctypes.create_string_buffer(256)
+    n = llama_cpp.llama_model_meta_val_str(model, key.encode(), buf, len(buf))
+    return buf.value.decode("utf-8", errors="replace") if n >= 0 else None
+
+
+class _Head:
+    """What both kinds of MTP drafter share: a context of type MTP on `model` (the target's own weights,
+    or an assistant file's), the target's hidden state for every token the target decodes, and one
+    reusable extended batch (a token and a hidden-state row per entry)."""
+
+    def __init__(self, target: LlamaModel, model: object, *, shares_cache: bool, verbose: bool) -> None:
         self.target = target
-        self.name = "mtp"
-        self.path: Path = target.path  # calibration keys its costs by the file, like a draft model's
         self.threads = target.threads
         self.gpu_layers = target.gpu_layers
         ext = _ext()
@@ -63,8 +73,10 @@ class MtpHead:
         cparams.n_threads = cparams.n_threads_batch = target.threads
         cparams.ctx_type = llama_cpp.LLAMA_CONTEXT_TYPE_MTP
         cparams.n_rs_seq = 0
+        if shares_cache:  # an assistant reads the target's K/V: its context is built on the target's
+            cparams.ctx_other = target.raw_context
         with quiet_stderr(not verbose):
-            ctx = llama_cpp.llama_init_from_model(target.raw_model, cparams)
+            ctx = llama_cpp.llama_init_from_model(model, cparams)
         if not ctx:
             raise EngineError(
                 f"llama.cpp could not create the MTP context of {target.name}",
@@ -79,11 +91,6 @@ class MtpHead:
         self._get_h = ext.llama_get_embeddings_nextn
         self._get_h_ith = ext.llama_get_embeddings_nextn_ith
         self._batch = llama_cpp.llama_batch_ext_init(ctx)
-        #: the head's K/V entries (one token per position), how many of them were made from the
-        #: target's hidden states, and the head's own hidden state after each output row
-        self._entries: list[int] = []
-        self._confirmed = 0
-        self._own_h: dict[int, np.ndarray] = {}
         #: the target's hidden state after each position it decoded and the head has not read yet
         self._target_h: dict[int, np.ndarray] = {}
         self._zero = np.zeros(self._n_embd, dtype=np.float32)
@@ -101,6 +108,8 @@ class MtpHead:
         rows = np.ctypeslib.as_array(ptr, shape=(count, self._n_embd)).copy()
         for i in range(count):
             self._target_h[base + i] = rows[i]
+        while len(self._target_h) > MAX_PENDING_STATES:
+            del self._target_h[min(self._target_h)]
 
     def _target_state(self, pos: int, agree: int) -> np.ndarray | None:
         """The target's hidden state after position `pos`, where the target holds the same tokens
@@ -109,7 +118,7 @@ class MtpHead:
             return self._target_h.get(pos)
         return None
 
-    # --- Model protocol ---------------------------------------------------------------------------
+    # --- Model protocol (the parts both drafters share) ------------------------------------------
     @property
     def n_vocab(self) -> int:
         return self.target.n_vocab
@@ -117,92 +126,6 @@ class MtpHead:
     @property
     def n_ctx(self) -> int:
         return self.target.n_ctx
-
-    @property
-    def tokens(self) -> Sequence[int]:
-        """The entries made from the target's hidden states: what later rounds can build on."""
-        return self._entries[: self._confirmed]
-
-    def decode(self, tokens: Sequence[int], logits_rows: Sequence[int]) -> np.ndarray:
-        """Add entries for `tokens` at the next positions; each pairs its token with the target's
-        hidden state at the position before where the target holds the same text, else with the
-        head's own (a draft step), which makes it provisional."""
-        if self._ctx is None:
-            raise EngineError(
-                "the MTP head was already closed", "this is a bug in specchat; please report it"
-            )
-        start = len(self._entries)
-        if start + len(tokens) > self.n_ctx:
-            raise EngineError(
-                f"{start + len(tokens)} tokens do not fit the MTP head's context of {self.n_ctx}"
-            )
-        agree = common_prefix_len(self.target.tokens, [*self._entries, *tokens])
-        want = list(logits_rows)
-        out = np.empty((len(want), self.n_vocab), dtype=np.float32)
-        for lo in range(0, len(tokens), self._n_batch):
-            hi = min(len(tokens), lo + self._n_batch)
-            self._decode_chunk(tokens, lo, hi, start, agree, want, out)
-        return out
-
-    def _decode_chunk(
-        self,
-        tokens: Sequence[int],
-        lo: int,
-        hi: int,
-        start: int,
-        agree: int,
-        want: list[int],
-        out: np.ndarray,
-    ) -> None:
-        b = self._batch
-        llama_cpp.llama_batch_ext_clear(b)
-        keep: list[np.ndarray] = []  # the rows' memory must outlive llama_process
-        pos_buf = (llama_cpp.llama_pos * 4)()
-        outputs = {r for r in want if lo <= r < hi}
-        for i in range(lo, hi):
-            pos = start + i
-            h = self._zero if pos == 0 else self._target_state(pos - 1, agree)
-            confirmed = h is not None and self._confirmed == pos
-            if h is None:
-                h = self._own_h.get(pos - 1, self._zero)
-            idx = llama_cpp.llama_batch_ext_add_token(b, 0, int(tokens[i]))
-            pos_buf[0] = pos
-            llama_cpp.llama_batch_ext_set_pos(b, idx, pos_buf)
-            row = np.ascontiguousarray(h, dtype=np.float32)
-            keep.append(row)
-            embd = llama_cpp.llama_embd(row.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), 1, self._n_embd)
-            if not llama_cpp.llama_batch_ext_set_embd_token(b, idx, embd):
-                raise EngineError("llama.cpp refused the MTP head's hidden-state input")
-            if i in outputs:
-                llama_cpp.llama_batch_ext_set_output_logits(b, idx, True)
-            if confirmed:
-                self._confirmed = pos + 1
-        rc = llama_cpp.llama_process(self._ctx, llama_cpp.LLAMA_PROCESS_TYPE_DECODE, b)
-        if rc != 0:
-            llama_cpp.llama_memory_seq_rm(self._mem, 0, start + lo, -1)
-            self._confirmed = min(self._confirmed, start + lo)
-            raise EngineError(f"llama.cpp's MTP decode failed with code {rc}")
-        self._entries.extend(int(t) for t in tokens[lo:hi])
-        for j, r in enumerate(want):
-            if lo <= r < hi:
-                idx = r - lo
-                logits = llama_cpp.llama_get_logits_ith(self._ctx, idx)
-                out[j] = np.ctypeslib.as_array(logits, shape=(self.n_vocab,))
-                h_ptr = self._get_h_ith(self._ctx, idx)
-                if h_ptr:
-                    self._own_h[start + r] = np.ctypeslib.as_array(h_ptr, shape=(self._n_embd,)).copy()
-        # what no later entry needs: the target's states before the last confirmed entry
-        for pos in [p for p in self._target_h if p < self._confirmed - 1]:
-            del self._target_h[pos]
-
-    def truncate(self, n: int) -> None:
-        if n >= len(self._entries) or self._ctx is None:
-            return
-        llama_cpp.llama_memory_seq_rm(self._mem, 0, n, -1)  # the head's K/V are attention: any cut
-        del self._entries[n:]
-        self._confirmed = min(self._confirmed, n)
-        for pos in [p for p in self._own_h if p >= n]:
-            del self._own_h[pos]
 
     def checkpoint(self) -> None:
         """Nothing to keep: the head's cache is attention only."""
@@ -226,3 +149,203 @@ class MtpHead:
     def __del__(self) -> None:
         with contextlib.suppress(Exception):  # interpreter shutdown: nothing left to free into
             self.close()
+
+    def _add(self, token: int, pos: int, h: np.ndarray, output: bool, keep: list[np.ndarray]) -> None:
+        """One entry of the batch: the token at `pos` with the hidden-state row `h` (kept alive in
+        `keep` until llama_process has read it)."""
+        b = self._batch
+        idx = llama_cpp.llama_batch_ext_add_token(b, 0, int(token))
+        pos_buf = (llama_cpp.llama_pos * 4)(pos)
+        llama_cpp.llama_batch_ext_set_pos(b, idx, pos_buf)
+        row = np.ascontiguousarray(h, dtype=np.float32)
+        keep.append(row)
+        embd = llama_cpp.llama_embd(row.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), 1, self._n_embd)
+        if not llama_cpp.llama_batch_ext_set_embd_token(b, idx, embd):
+            raise EngineError("llama.cpp refused the MTP drafter's hidden-state input")
+        if output:
+            llama_cpp.llama_batch_ext_set_output_logits(b, idx, True)
+
+    def _outputs(self, rows: Sequence[tuple[int, int]], out: np.ndarray) -> dict[int, np.ndarray]:
+        """Copy the logits of each (batch index, out row) into `out`; the drafter's own hidden state
+        after each, by batch index."""
+        own: dict[int, np.ndarray] = {}
+        for idx, j in rows:
+            logits = llama_cpp.llama_get_logits_ith(self._ctx, idx)
+            out[j] = np.ctypeslib.as_array(logits, shape=(self.n_vocab,))
+            h_ptr = self._get_h_ith(self._ctx, idx)
+            if h_ptr:
+                own[idx] = np.ctypeslib.as_array(h_ptr, shape=(self._n_embd,)).copy()
+        return own
+
+    def _check_open(self) -> None:
+        if self._ctx is None:
+            raise EngineError(
+                "the MTP drafter was already closed", "this is a bug in specchat; please report it"
+            )
+
+
+class MtpHead(_Head):
+    """The NextN head of `target` (loaded with `LoadOptions.load_mtp`), with its own K/V."""
+
+    def __init__(self, target: LlamaModel, *, verbose: bool = False) -> None:
+        if target.n_nextn <= 0:
+            raise EngineError(f"{target.name} has no multi-token-prediction (NextN) layers")
+        super().__init__(target, target.raw_model, shares_cache=False, verbose=verbose)
+        self.name = "mtp"
+        self.path: Path = target.path  # calibration keys its costs by the file, like a draft model's
+        #: the head's K/V entries (one token per position), how many of them were made from the
+        #: target's hidden states, and the head's own hidden state after each output row
+        self._entries: list[int] = []
+        self._confirmed = 0
+        self._own_h: dict[int, np.ndarray] = {}
+
+    @property
+    def tokens(self) -> Sequence[int]:
+        """The entries made from the target's hidden states: what later rounds can build on."""
+        return self._entries[: self._confirmed]
+
+    def decode(self, tokens: Sequence[int], logits_rows: Sequence[int]) -> np.ndarray:
+        """Add entries for `tokens` at the next positions; each pairs its token with the target's
+        hidden state at the position before where the target holds the same text, else with the
+        head's own (a draft step), which makes it provisional."""
+        self._check_open()
+        start = len(self._entries)
+        if start + len(tokens) > self.n_ctx:
+            raise EngineError(
+                f"{start + len(tokens)} tokens do not fit the MTP head's context of {self.n_ctx}"
+            )
+        agree = common_prefix_len(self.target.tokens, [*self._entries, *tokens])
+        want = list(logits_rows)
+        out = np.empty((len(want), self.n_vocab), dtype=np.float32)
+        for lo in range(0, len(tokens), self._n_batch):
+            hi = min(len(tokens), lo + self._n_batch)
+            self._decode_chunk(tokens, lo, hi, start, agree, want, out)
+        return out
+
+    def _decode_chunk(
+        self,
+        tokens: Sequence[int],
+        lo: int,
+        hi: int,
+        start: int,
+        agree: int,
+        want: list[int],
+        out: np.ndarray,
+    ) -> None:
+        llama_cpp.llama_batch_ext_clear(self._batch)
+        keep: list[np.ndarray] = []
+        outputs = {r for r in want if lo <= r < hi}
+        for i in range(lo, hi):
+            pos = start + i
+            h = self._zero if pos == 0 else self._target_state(pos - 1, agree)
+            if h is not None and self._confirmed == pos:
+                self._confirmed = pos + 1
+            self._add(
+                tokens[i],
+                pos,
+                h if h is not None else self._own_h.get(pos - 1, self._zero),
+                i in outputs,
+                keep,
+            )
+        rc = llama_cpp.llama_process(self._ctx, llama_cpp.LLAMA_PROCESS_TYPE_DECODE, self._batch)
+        if rc != 0:
+            llama_cpp.llama_memory_seq_rm(self._mem, 0, start + lo, -1)
+            self._confirmed = min(self._confirmed, start + lo)
+            raise EngineError(f"llama.cpp's MTP decode failed with code {rc}")
+        self._entries.extend(int(t) for t in tokens[lo:hi])
+        rows = [(r - lo, j) for j, r in enumerate(want) if lo <= r < hi]
+        for idx, h in self._outputs(rows, out).items():
+            self._own_h[start + lo + idx] = h
+        # what no later entry needs: the target's states before the last confirmed entry
+        for pos in [p for p in self._target_h if p < self._confirmed - 1]:
+            del self._target_h[pos]
+
+    def truncate(self, n: int) -> None:
+        if n >= len(self._entries) or self._ctx is None:
+            return
+        llama_cpp.llama_memory_seq_rm(self._mem, 0, n, -1)  # the head's K/V are attention: any cut
+        del self._entries[n:]
+        self._confirmed = min(self._confirmed, n)
+        for pos in [p for p in self._own_h if p >= n]:
+            del self._own_h[pos]
+
+
+class AssistantHead(_Head):
+    """Gemma 4's MTP assistant (`mtp-gemma-4-*.gguf`, architecture gemma4-assistant): a small model of
+    its own file that reads the target's K/V (its layers have queries only) and embeds tokens with the
+    target's table. It keeps no cache, so there is nothing to catch up on: every draft step runs at the
+    position after the target's cache, from the target's last hidden state and then from its own
+    (llama.cpp's draft-mtp does the same for shared-memory drafters)."""
+
+    def __init__(self, target: LlamaModel, path: Path, *, verbose: bool = False) -> None:
+        mparams = llama_cpp.llama_model_default_params()
+        gpu = target.gpu_layers
+        mparams.n_gpu_layers = 2**31 - 1 if gpu < 0 else gpu
+        with quiet_stderr(not verbose):
+            model = llama_cpp.llama_model_load_from_file(str(path).encode(), mparams)
+        if not model:
+            raise EngineError(
+                f"llama.cpp could not load the MTP assistant {path}",
+                "check that it is the assistant GGUF of this model; --verbose shows why",
+            )
+        self._model = model
+        arch = _meta(model, "general.architecture")
+        target_arch = target.meta("general.architecture")
+        widths = (llama_cpp.llama_model_n_embd_out(model), llama_cpp.llama_model_n_embd_out(target.raw_model))
+        if arch != "gemma4-assistant" or target_arch != "gemma4" or widths[0] != widths[1]:
+            llama_cpp.llama_model_free(model)
+            self._model = None
+            raise EngineError(
+                f"{Path(path).name} ({arch}) is no MTP assistant for {target.name} ({target_arch})",
+                "an assistant drafts only for its own model: Gemma 4's mtp-gemma-4-*.gguf for gemma-4-*",
+            )
+        try:
+            super().__init__(target, model, shares_cache=True, verbose=verbose)
+        except EngineError:
+            llama_cpp.llama_model_free(model)
+            self._model = None
+            raise
+        self.name = "mtp"
+        self.path = Path(path)
+        #: the assistant's own hidden state after its last draft step (None: start from the target's)
+        self._step_h: np.ndarray | None = None
+
+    @property
+    def tokens(self) -> Sequence[int]:
+        """Its cache is the target's: whatever the target holds, the assistant can draft after."""
+        return self.target.tokens
+
+    def decode(self, tokens: Sequence[int], logits_rows: Sequence[int]) -> np.ndarray:
+        """Draft steps at the position after the target's cache: the first from the target's hidden
+        state there, each next from the assistant's own."""
+        self._check_open()
+        pos = len(self.target.tokens)
+        want = list(logits_rows)
+        out = np.empty((len(want), self.n_vocab), dtype=np.float32)
+        for i, token in enumerate(tokens):
+            h = self._step_h
+            if h is None:
+                h = self._target_h.get(pos - 1, self._zero) if pos > 0 else self._zero
+            llama_cpp.llama_batch_ext_clear(self._batch)
+            keep: list[np.ndarray] = []
+            self._add(token, pos, h, True, keep)
+            rc = llama_cpp.llama_process(self._ctx, llama_cpp.LLAMA_PROCESS_TYPE_DECODE, self._batch)
+            if rc != 0:
+                raise EngineError(f"llama.cpp's MTP assistant decode failed with code {rc}")
+            row = np.empty((1, self.n_vocab), dtype=np.float32)
+            self._step_h = self._outputs([(0, 0)], row).get(0)
+            if i in want:
+                out[want.index(i)] = row[0]
+        for p in [p for p in self._target_h if p < pos - 1]:  # only the latest state is ever read
+            del self._target_h[p]
+        return out
+
+    def truncate(self, n: int) -> None:
+        """A new draft starts from the target's state again."""
+        self._step_h = None
+
+    def close(self) -> None:
+        super().close()
+        if getattr(self, "_model", None):
+            llama_cpp.llama_model_free(self._model)
+            self._model = None

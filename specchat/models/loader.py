@@ -22,6 +22,7 @@ from ..llama.rollback import TARGET_SNAPSHOTS
 from ..llama.template import render_chat
 from . import hardware
 from .gguf import read_gguf
+from .heads import assistant_spec, has_own_drafter
 from .pair import check_pair
 from .registry import ModelRef
 
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
     from ..decoding.constraint import GrammarSpec
     from ..decoding.loop import Planner
     from ..llama.grammar import Grammar
-    from ..llama.mtp import MtpHead
+    from ..llama.mtp import AssistantHead, MtpHead
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +57,7 @@ class Loaded:
     warnings: list[str] = field(default_factory=list)
     draft_models: list[LlamaModel] = field(default_factory=list)
     #: the target's own drafters (an MTP head): closed with it
-    heads: list[MtpHead] = field(default_factory=list)
+    heads: list[MtpHead | AssistantHead] = field(default_factory=list)
     tie_margin: float = 0.0  # greedy verification: see decoding.loop.Settings
     exact_rows: int = 0  # ditto
     strict: bool = False  # ditto
@@ -177,25 +178,8 @@ def default_drafts(target: str) -> tuple[str, ...]:
     reg = load_registry()
     ref = resolve(target, reg)
     rec = reg.recommended_draft(ref.alias) if ref.alias else None
-    head = (registry.MTP,) if carries_mtp(ref) else ()
+    head = (registry.MTP,) if has_own_drafter(ref) else ()
     return (*([rec] if rec else []), *head, *registry.defaults())
-
-
-def carries_mtp(ref: ModelRef) -> bool:
-    """Whether the target's file has multi-token-prediction (NextN) layers: the registry entry says so,
-    or the local (or already downloaded) file's header does. Never downloads anything."""
-    if ref.entry is not None and ref.entry.mtp:
-        return True
-    from .cache import cached_path
-
-    path = cached_path(ref)
-    if path is None:
-        return False
-    try:
-        info = read_gguf(path)
-    except ModelFileError:  # not a GGUF, or truncated: load() says so in its own words
-        return False
-    return int(info.arch_get("nextn_predict_layers", 0) or 0) > 0
 
 
 def locate(spec: str, *, offline: bool | None, console: object | None = None) -> Path:
@@ -224,6 +208,11 @@ def load(
         spec: registry.make(spec) for spec in cfg.drafts if registry.is_model_free(spec)
     }  # options: checked first
     model_specs = [d for d in cfg.drafts if not registry.is_model_free(d) and not registry.is_target_head(d)]
+    head_spec = next((d for d in cfg.drafts if registry.is_target_head(d)), None)
+    # the model's own MTP drafter: its NextN layers, or an assistant file fetched and checked like a draft
+    assistant = assistant_spec(_resolve(cfg.target), head_spec) if head_spec is not None else None
+    if assistant is not None:
+        model_specs.append(assistant)
     fit_before_download(
         [_resolve(s) for s in [cfg.target, *model_specs]],
         ctx_size=cfg.ctx_size,
@@ -264,7 +253,7 @@ def load(
             snapshots=TARGET_SNAPSHOTS,
             # the NextN layers, only where the MTP drafter will use them (they are not part of the
             # target's own forward pass: its output is the same either way)
-            load_mtp=any(registry.is_target_head(d) for d in cfg.drafts),
+            load_mtp=head_spec is not None and assistant is None,
         ),
         name=cfg.target,
     )
@@ -282,10 +271,9 @@ def load(
                 out.drafters.append(free[spec])
                 continue
             if registry.is_target_head(spec):
-                head = _target_head(target, cfg)
-                if head is not None:
-                    out.heads.append(head)
-                    out.drafters.append(HeadDrafter(head, p_min=cfg.p_min))
+                head = _target_head(target, cfg, paths[assistant] if assistant is not None else None)
+                out.heads.append(head)
+                out.drafters.append(HeadDrafter(head, p_min=cfg.p_min))
                 continue
             note(f"loading draft {paths[spec].name}")
             dm = LlamaModel(
@@ -322,14 +310,19 @@ def load(
     return out
 
 
-def _target_head(target: LlamaModel, cfg: LoadConfig) -> MtpHead | None:
-    """The target's MTP head for `--draft mtp` (a clear error where it has none)."""
-    from ..llama.mtp import MtpHead
+def _target_head(target: LlamaModel, cfg: LoadConfig, assistant: Path | None) -> MtpHead | AssistantHead:
+    """The target's own MTP drafter for `--draft mtp`: its assistant file where it has one, else its
+    NextN layers (a clear error where it has neither)."""
+    from ..llama.mtp import AssistantHead, MtpHead
 
+    if assistant is not None:
+        return AssistantHead(target, assistant, verbose=cfg.verbose)
     if target.n_nextn <= 0:
         raise BadInput(
-            f"{cfg.target} has no multi-token-prediction (NextN) layers, so `--draft mtp` has nothing to run",
-            "use a GGUF that keeps them (e.g. the -MTP releases of Qwen3.6), or another --draft",
+            f"{cfg.target} has no multi-token-prediction drafter: no NextN layers in its file and no "
+            "MTP assistant beside it, so `--draft mtp` has nothing to run",
+            "use a GGUF that keeps them (e.g. the -MTP releases of Qwen3.6), give the assistant as "
+            "--draft mtp:assistant=PATH, or another --draft",
         )
     return MtpHead(target, verbose=cfg.verbose)
 
