@@ -130,6 +130,20 @@ def test_round_after_round_the_cache_is_the_one_a_fresh_head_builds(eagle3_pair:
     np.testing.assert_allclose(used, again, rtol=1e-3, atol=1e-3)
 
 
+def test_text_the_head_never_saw_the_target_read_is_read_once(eagle3_pair: tuple[Path, Path]) -> None:
+    """States the target computed before the head listened (as for a conversation the server restores
+    from its prompt cache) are gone for good: the head reads that text once without them and builds
+    on it, rather than reading it again every round."""
+    target_path, head_path = eagle3_pair
+    with LlamaModel(target_path, LoadOptions(n_ctx=512, threads=1, gpu_layers=0)) as target:
+        ctx = target.tokenize(PROMPT)
+        ctx.append(int(np.argmax(target.decode(ctx, [len(ctx) - 1])[0])))
+        head = Eagle3Head(target, head_path)
+        sync_cache(head, ctx, logits_row_last=True)
+        assert list(head.tokens) == ctx
+        head.close()
+
+
 def _refused(*args: str) -> str:
     res = runner.invoke(app, ["run", *args, "-p", "hi", "-n", "4", "--ctx-size", "512"])
     assert res.exit_code != 0 and "Traceback" not in res.output, res.output

@@ -79,7 +79,9 @@ class _Calls:
     get_tok_embd: Callable[[Any, Any], int]
 
 
-#: name, exported symbols (C, Itanium, MSVC), argument types, result type
+#: name, exported symbols (C, Itanium, MSVC), argument types, result type. The Itanium names are the
+#: ones the pinned Linux build exports; the MSVC ones follow that scheme as llama-cpp-python's own
+#: NextN bindings spell theirs, unchecked against a Windows build
 _SIGNATURES: tuple[tuple[str, tuple[str, ...], list[Any], Any], ...] = (
     (
         "set_layer_inp",

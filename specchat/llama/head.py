@@ -13,8 +13,11 @@ token of the text, made from the target's state at the token before where the ta
 text (confirmed), else from the head's own state after the entry before (a draft step: provisional).
 `tokens` lists only the confirmed entries, so a round's drafts are re-read with the target's states
 once it has verified them (llama.cpp does the same), and entries the target's rollback invalidated are
-never reused. Both are `decoding.model.Model`s, so `decoding.drafters.ModelDrafter` drives them like
-any draft model and the planner prices them the same way.
+never reused. Where the target holds the text but its state for a position is gone (it restored a
+saved cache, or the head left more than MAX_PENDING_STATES unread), the entry is made without it and
+still confirmed: its drafts are the poorer for it, and re-reading would not bring the state back.
+Both are `decoding.model.Model`s, so `decoding.drafters.ModelDrafter` drives them like any draft
+model and the planner prices them the same way.
 """
 
 from __future__ import annotations
@@ -284,7 +287,9 @@ class CachedHead(Head):
         for i in range(lo, hi):
             q = start + i
             h = self._zero if q == 0 else self._target_state(q - 1, agree)
-            if h is not None and self._confirmed == q:
+            # confirmed where the target holds the same text: made from its state, or made without
+            # one that is gone for good (a restored cache, MAX_PENDING_STATES): re-reading won't help
+            if self._confirmed == q and q - 1 < agree:
                 self._confirmed = q + 1
             if q < self.shift:
                 continue
