@@ -42,8 +42,9 @@ K_MAX = 64
 
 @dataclass(frozen=True, slots=True)
 class Piece:
-    """A piece of an answer's text and where its token came from: `source` is "draft" or "ngram"
-    (proposed by a drafter and accepted), "correction" (the target's token where a draft was wrong),
+    """A piece of an answer's text and where its token came from: `source` is "draft", "ngram" or
+    "mtp" (proposed by a drafter and accepted; "mtp" by a head that reads the target, its MTP head
+    or an EAGLE-3 head), "correction" (the target's token where a draft was wrong),
     "bonus" (the target's extra token after a fully accepted draft) or "target" (plain decoding).
     `text` may be "" for a token that ends inside a multi-byte character (the next carries it)."""
 
@@ -170,9 +171,10 @@ def load(
     """Load `target` (an alias from `specchat models`, a .gguf path, hf:ORG/REPO/FILE.gguf or
     ORG/REPO:QUANT) and its drafters, as `specchat run` does.
 
-    `draft`: a draft model (same forms) or a model-free drafter (`"ngram"`, `"ngram:max_n=12"`), or
-    several; None: the target's recommended draft model and the default model-free drafters; `()`:
-    none (plain decoding). `k`: draft tokens per round, None for the cost model's choice. The
+    `draft`: a draft model (same forms), a model-free drafter (`"ngram"`, `"ngram:max_n=12"`) or a
+    head that reads the target (`"mtp"`, `"eagle3:head=PATH"`), or several; None: the target's
+    recommended draft model, its head if it has one and the default model-free drafters; `()`: none
+    (plain decoding). `k`: draft tokens per round, None for the cost model's choice. The
     other keywords are `run`'s options; `**sampling` the sampling settings' defaults for every answer.
     """
     from .decoding.drafters import default_p_min

@@ -133,15 +133,16 @@ def _fit_groups(refs: list[ModelRef], registry: Registry, *, with_draft: bool) -
 
 
 def _drafts_of(ref: ModelRef) -> list[str]:
-    """The files that draft for `ref`: its recommended draft model and its MTP assistant."""
+    """The files that draft for `ref`: its recommended draft model, its MTP assistant and its EAGLE-3
+    head."""
     if ref.entry is None:
         return []
-    return [d for d in (ref.entry.draft, ref.entry.assistant) if d]
+    return [d for d in (ref.entry.draft, ref.entry.assistant, ref.entry.eagle3) if d]
 
 
 def _with_drafts(refs: list[ModelRef], registry: Registry, err: Console) -> list[ModelRef]:
-    """Each target followed by its recommended draft and MTP assistant, without duplicates, in the
-    order given."""
+    """Each target followed by its recommended draft, MTP assistant and EAGLE-3 head, without
+    duplicates, in the order given."""
     out: list[ModelRef] = []
     seen: set[str] = set()
 
@@ -231,6 +232,7 @@ def _row(entry: ModelEntry, registry: Registry) -> dict[str, Any]:
         "draft": entry.draft,
         "mtp": entry.mtp,
         "assistant": entry.assistant,
+        "eagle3": entry.eagle3,
         "mirror": entry.mirror is not None,
         "verified": entry.verified,
         "cached": path is not None,
@@ -239,10 +241,11 @@ def _row(entry: ModelEntry, registry: Registry) -> dict[str, Any]:
 
 
 def _drafters(row: dict[str, Any]) -> str:
-    """The draft column: the recommended draft model, and the model's own MTP drafter where it has
-    one (its NextN head, or the assistant file beside it)."""
+    """The draft column: the recommended draft model, the model's own MTP drafter where it has one
+    (its NextN head, or the assistant file beside it) and its EAGLE-3 head."""
     own = "mtp" if row.get("mtp") else f"mtp: {row['assistant']}" if row.get("assistant") else ""
-    return " + ".join(x for x in (row.get("draft") or "", own) if x)
+    eagle3 = f"eagle3: {row['eagle3']}" if row.get("eagle3") else ""
+    return " + ".join(x for x in (row.get("draft") or "", own, eagle3) if x)
 
 
 def _table(rows: list[dict[str, Any]], title: str, *, show_path: bool = True) -> Table:

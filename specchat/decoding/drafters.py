@@ -236,10 +236,11 @@ class ModelDrafter:
 
 
 class HeadDrafter(ModelDrafter):
-    """The target's own drafter: a multi-token-prediction (NextN) head, or Gemma 4's assistant. It runs
-    step by step like a draft model (llama/mtp.py gives it the Model protocol) and is priced the same
-    way, but its tokens are shown as the model's own (Source.MTP): trained with the target on its
-    hidden states, it is right more often than a separate small model of the family."""
+    """A drafter that reads the target's hidden states: its multi-token-prediction (NextN) head, Gemma
+    4's assistant, or an EAGLE-3 head. It runs step by step like a draft model (llama/mtp.py and
+    llama/eagle3.py give it the Model protocol) and is priced the same way, but its tokens are shown
+    as the model's own (Source.MTP): trained with the target on its hidden states, it is right more
+    often than a separate small model of the family."""
 
     source = Source.MTP
     prior = (4.0, 2.0)

@@ -17,7 +17,7 @@ class Source(str, Enum):
 
     DRAFT = "draft"  # proposed by a draft model and accepted by the target
     NGRAM = "ngram"  # proposed by n-gram prompt lookup and accepted by the target
-    MTP = "mtp"  # proposed by the target's own drafter (NextN head, Gemma 4 assistant), accepted
+    MTP = "mtp"  # proposed by a drafter reading the target (NextN head, Gemma 4 assistant, EAGLE-3), accepted
     CORRECTION = "correction"  # target's own token where a draft token was rejected
     BONUS = "bonus"  # target's extra token after all drafts of a round were accepted
     TARGET = "target"  # plain decoding (no draft this round)
@@ -26,7 +26,7 @@ class Source(str, Enum):
 #: The token-source legend, shared by the terminal's stream and the web page (both import it from here).
 #: One colour per provenance. Green = the draft was right; red = the target had to correct it;
 #: blue = the target's free extra token after a fully accepted round; magenta = n-gram lookup; cyan =
-#: the model's own multi-token-prediction drafter.
+#: a drafter that reads the target's hidden states (its multi-token-prediction head, an EAGLE-3 head).
 STYLES: dict[Source, str] = {
     Source.DRAFT: "green",
     Source.NGRAM: "magenta",
@@ -39,7 +39,7 @@ STYLES: dict[Source, str] = {
 LABELS: dict[Source, str] = {
     Source.DRAFT: "accepted from draft",
     Source.NGRAM: "accepted from n-gram lookup",
-    Source.MTP: "accepted from the model's MTP head",
+    Source.MTP: "accepted from the model's MTP or EAGLE-3 head",
     Source.CORRECTION: "corrected by target",
     Source.BONUS: "added by target",
     Source.TARGET: "target (no draft)",

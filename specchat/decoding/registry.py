@@ -125,11 +125,19 @@ MODEL_FREE: Mapping[str, ModelFree] = MappingProxyType(
 #: on the target's weights and hidden states, so the loader builds it with the target (llama/mtp.py)
 MTP = "mtp"
 MTP_HELP = "the model's own multi-token-prediction head, where its GGUF has one"
+#: the name of an EAGLE-3 head trained for the target (`eagle3:head=PATH`, the registry's `eagle3`, or
+#: an `eagle3-*.gguf` beside the target): a file of its own that reads three of the target's layers,
+#: so the loader builds it with the target too (llama/eagle3.py)
+EAGLE3 = "eagle3"
+EAGLE3_HELP = "an EAGLE-3 head trained for the model: eagle3:head=PATH, or found beside it"
+#: the drafters that read the target's hidden states; a run has at most one of them
+TARGET_HEADS = (MTP, EAGLE3)
 
 
 def is_target_head(spec: str) -> bool:
-    """Whether `--draft spec` names the target's own drafter rather than a model or a model-free one."""
-    return spec.partition(":")[0] == MTP
+    """Whether `--draft spec` names a drafter that reads the target's hidden states (its MTP head, an
+    EAGLE-3 head) rather than a model or a model-free one."""
+    return spec.partition(":")[0] in TARGET_HEADS
 
 
 def split(spec: str) -> tuple[str, dict[str, str]]:
@@ -167,6 +175,7 @@ def defaults() -> tuple[str, ...]:
 
 
 def described() -> str:
-    """The model-free drafters and the model's own head as `--draft`'s help names them:
+    """The model-free drafters and the heads that read the target as `--draft`'s help names them:
     "`ngram` (prompt lookup: ...), ..."."""
-    return ", ".join([*(f"`{m.name}` ({m.help})" for m in MODEL_FREE.values()), f"`{MTP}` ({MTP_HELP})"])
+    heads = (f"`{MTP}` ({MTP_HELP})", f"`{EAGLE3}` ({EAGLE3_HELP})")
+    return ", ".join([*(f"`{m.name}` ({m.help})" for m in MODEL_FREE.values()), *heads])

@@ -22,13 +22,14 @@ from ..llama.rollback import TARGET_SNAPSHOTS
 from ..llama.template import render_chat
 from . import hardware
 from .gguf import read_gguf
-from .heads import assistant_spec, has_own_drafter
+from .heads import check_eagle3_file, default_head, head_file_spec
 from .pair import check_pair
 from .registry import ModelRef
 
 if TYPE_CHECKING:
     from ..decoding.constraint import GrammarSpec
     from ..decoding.loop import Planner
+    from ..llama.eagle3 import Eagle3Head
     from ..llama.grammar import Grammar
     from ..llama.mtp import AssistantHead, MtpHead
 
@@ -56,8 +57,8 @@ class Loaded:
     drafters: list[Drafter]
     warnings: list[str] = field(default_factory=list)
     draft_models: list[LlamaModel] = field(default_factory=list)
-    #: the target's own drafters (an MTP head): closed with it
-    heads: list[MtpHead | AssistantHead] = field(default_factory=list)
+    #: the drafters that read the target's hidden states (an MTP head, an EAGLE-3 head): closed with it
+    heads: list[MtpHead | AssistantHead | Eagle3Head] = field(default_factory=list)
     tie_margin: float = 0.0  # greedy verification: see decoding.loop.Settings
     exact_rows: int = 0  # ditto
     strict: bool = False  # ditto
@@ -162,8 +163,9 @@ class LoadedEngine:
 def default_drafts(target: str) -> tuple[str, ...]:
     """The drafts a target gets when the user names none: the registry's recommended draft model, the
     model's own MTP head where its file carries one (NextN layers: the registry says so, or the local
-    file's header does), and the model-free drafters marked `default` in decoding/registry.py (n-gram
-    prompt lookup), routed per round by the auto planner.
+    file's header does) or an EAGLE-3 head the registry names or that lies beside it, and the
+    model-free drafters marked `default` in decoding/registry.py (n-gram prompt lookup), routed per
+    round by the auto planner.
 
     Both kinds, because they win on different text: n-gram lookup is free and right on whatever
     copies the context (edits, rewrites, chat revisions), a draft model on fresh text where the verify
@@ -178,8 +180,8 @@ def default_drafts(target: str) -> tuple[str, ...]:
     reg = load_registry()
     ref = resolve(target, reg)
     rec = reg.recommended_draft(ref.alias) if ref.alias else None
-    head = (registry.MTP,) if has_own_drafter(ref) else ()
-    return (*([rec] if rec else []), *head, *registry.defaults())
+    own = default_head(ref)
+    return (*([rec] if rec else []), *([own] if own else []), *registry.defaults())
 
 
 def locate(spec: str, *, offline: bool | None, console: object | None = None) -> Path:
@@ -208,11 +210,20 @@ def load(
         spec: registry.make(spec) for spec in cfg.drafts if registry.is_model_free(spec)
     }  # options: checked first
     model_specs = [d for d in cfg.drafts if not registry.is_model_free(d) and not registry.is_target_head(d)]
-    head_spec = next((d for d in cfg.drafts if registry.is_target_head(d)), None)
-    # the model's own MTP drafter: its NextN layers, or an assistant file fetched and checked like a draft
-    assistant = assistant_spec(_resolve(cfg.target), head_spec) if head_spec is not None else None
-    if assistant is not None:
-        model_specs.append(assistant)
+    head_specs = [d for d in cfg.drafts if registry.is_target_head(d)]
+    if len(head_specs) > 1:
+        raise BadInput(
+            f"--draft {head_specs[0]} and --draft {head_specs[1]} both read the target's hidden states; "
+            "a run takes one of them",
+            "keep one of them (other drafters, model-free ones included, go with either)",
+        )
+    head_spec = head_specs[0] if head_specs else None
+    head_kind = registry.split(head_spec)[0] if head_spec is not None else None
+    # a drafter that reads the target: the model's NextN layers, or a file of its own (Gemma 4's
+    # assistant, an EAGLE-3 head) fetched and checked like a draft
+    head_file = head_file_spec(_resolve(cfg.target), head_spec) if head_spec is not None else None
+    if head_file is not None:
+        model_specs.append(head_file)
     fit_before_download(
         [_resolve(s) for s in [cfg.target, *model_specs]],
         ctx_size=cfg.ctx_size,
@@ -222,6 +233,8 @@ def load(
     )
     paths = {spec: locate(spec, offline=cfg.offline, console=console) for spec in [cfg.target, *model_specs]}
     infos = {spec: read_gguf(p) for spec, p in paths.items()}  # not-a-GGUF / truncated: one clear line
+    if head_kind == registry.EAGLE3 and head_file is not None:
+        check_eagle3_file(infos[head_file], infos[cfg.target])  # before the target's load, not after
     _fit_check(cfg, paths, infos)
     note(f"loading {paths[cfg.target].name}")
     on_cpu = cfg.gpu_layers == 0 or not supports_gpu_offload()
@@ -253,7 +266,7 @@ def load(
             snapshots=TARGET_SNAPSHOTS,
             # the NextN layers, only where the MTP drafter will use them (they are not part of the
             # target's own forward pass: its output is the same either way)
-            load_mtp=head_spec is not None and assistant is None,
+            load_mtp=head_kind == registry.MTP and head_file is None,
         ),
         name=cfg.target,
     )
@@ -271,7 +284,7 @@ def load(
                 out.drafters.append(free[spec])
                 continue
             if registry.is_target_head(spec):
-                head = _target_head(target, cfg, paths[assistant] if assistant is not None else None)
+                head = _target_head(target, cfg, spec, paths[head_file] if head_file is not None else None)
                 out.heads.append(head)
                 out.drafters.append(HeadDrafter(head, p_min=cfg.p_min))
                 continue
@@ -310,13 +323,19 @@ def load(
     return out
 
 
-def _target_head(target: LlamaModel, cfg: LoadConfig, assistant: Path | None) -> MtpHead | AssistantHead:
-    """The target's own MTP drafter for `--draft mtp`: its assistant file where it has one, else its
-    NextN layers (a clear error where it has neither)."""
+def _target_head(
+    target: LlamaModel, cfg: LoadConfig, spec: str, file: Path | None
+) -> MtpHead | AssistantHead | Eagle3Head:
+    """The drafter that reads the target for `--draft spec`: an EAGLE-3 head for `eagle3`; for `mtp` the
+    target's assistant file where it has one, else its NextN layers (a clear error where it has
+    neither)."""
+    from ..llama.eagle3 import Eagle3Head
     from ..llama.mtp import AssistantHead, MtpHead
 
-    if assistant is not None:
-        return AssistantHead(target, assistant, verbose=cfg.verbose)
+    if registry.split(spec)[0] == registry.EAGLE3 and file is not None:
+        return Eagle3Head(target, file, verbose=cfg.verbose)
+    if file is not None:
+        return AssistantHead(target, file, verbose=cfg.verbose)
     if target.n_nextn <= 0:
         raise BadInput(
             f"{cfg.target} has no multi-token-prediction drafter: no NextN layers in its file and no "

@@ -84,6 +84,10 @@ class ModelEntry:
     #: alias of the model's MTP assistant, a separate drafter file that reads the target's cache
     #: (Gemma 4's `mtp-gemma-4-*.gguf`); fetched with the target by `pull --with-draft`
     assistant: str | None = None
+    #: alias of an EAGLE-3 head trained for the model, a separate drafter file that reads three of its
+    #: layers (llama/eagle3.py): what `--draft eagle3` loads when no head=PATH is given; fetched with
+    #: the target by `pull --with-draft`
+    eagle3: str | None = None
     verified: bool = False
     mirror: Mirror | None = None
     line: int = 0  # line of the entry's table header in models.toml, for messages

@@ -84,7 +84,8 @@ def parse_registry(text: str, path: Path | None = None) -> Registry:
         entries[alias] = _parse_entry(alias, table, where, lines)
     for entry in entries.values():
         _check_draft(entry, entries, where, lines)
-        _check_assistant(entry, entries, where, lines)
+        for key, companion in (("assistant", entry.assistant), ("eagle3", entry.eagle3)):
+            _check_companion(entry, key, companion, entries, where, lines)
     return Registry(models=MappingProxyType(entries), path=path)
 
 
@@ -102,6 +103,7 @@ _ENTRY_FIELDS: dict[str, tuple[type, bool]] = {
     "draft": (str, False),
     "mtp": (bool, False),
     "assistant": (str, False),
+    "eagle3": (str, False),
     "verified": (bool, False),
     "mirror": (dict, False),
 }
@@ -164,6 +166,7 @@ def _parse_entry(alias: str, table: Any, where: str, lines: _KeyLines) -> ModelE
         draft=table.get("draft"),
         mtp=table.get("mtp", False),
         assistant=table.get("assistant"),
+        eagle3=table.get("eagle3"),
         verified=table.get("verified", False),
         mirror=mirror,
         line=header,
@@ -256,25 +259,29 @@ def _check_draft(entry: ModelEntry, entries: Mapping[str, ModelEntry], where: st
         )
 
 
-def _check_assistant(
-    entry: ModelEntry, entries: Mapping[str, ModelEntry], where: str, lines: _KeyLines
+def _check_companion(
+    entry: ModelEntry,
+    key: str,
+    alias: str | None,
+    entries: Mapping[str, ModelEntry],
+    where: str,
+    lines: _KeyLines,
 ) -> None:
-    """An `assistant` (a Gemma 4 MTP drafter file) must be another entry of the same tokenizer family."""
-    if entry.assistant is None:
+    """A drafter file that reads the target (`assistant`: a Gemma 4 MTP assistant; `eagle3`: an EAGLE-3
+    head) must be another entry of the same tokenizer family."""
+    if alias is None:
         return
-    line = lines.line(("models", entry.alias), "assistant")
-    other = entries.get(entry.assistant)
+    line = lines.line(("models", entry.alias), key)
+    other = entries.get(alias)
     if other is None or other.alias == entry.alias:
         raise _entry_error(
-            where,
-            line,
-            f"model '{entry.alias}': assistant '{entry.assistant}' is not another model in this file",
+            where, line, f"model '{entry.alias}': {key} '{alias}' is not another model in this file"
         )
     if other.family != entry.family:
         raise _entry_error(
             where,
             line,
-            f"model '{entry.alias}': assistant '{other.alias}' is tokenizer family '{other.family}', "
+            f"model '{entry.alias}': {key} '{other.alias}' is tokenizer family '{other.family}', "
             f"not '{entry.family}'",
         )
 
