@@ -119,7 +119,7 @@ def cost_table(name: str, costs: dict[int, list[float]]) -> str:
 
 
 def build_facts() -> dict[str, Any]:
-    from specchat.llama.engine import backend_info
+    from specchat.llama.devices import backend_info
 
     info = backend_info()
     return {
