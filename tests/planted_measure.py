@@ -23,13 +23,9 @@ def greedy(model: Any, prompt: Sequence[int], n: int) -> list[int]:
     """The model's greedy continuation of `prompt` (its cache is emptied first)."""
     model.truncate(0)
     logits = model.decode(list(prompt), [len(prompt) - 1])
-    out: list[int] = []
-    for _ in range(n):
-        token = int(np.argmax(logits[-1]))
-        out.append(token)
-        if len(out) == n:
-            break
-        logits = model.decode([token], [0])
+    out = [int(np.argmax(logits[-1]))]
+    while len(out) < n:
+        out.append(int(np.argmax(model.decode(out[-1:], [0])[0])))
     return out
 
 

@@ -5,6 +5,8 @@ varied enough that prompt lookup finds little of it."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -192,3 +194,17 @@ def test_a_gguf_without_a_tokenizer_is_refused(tmp_path: Path) -> None:
     w.close()
     with pytest.raises(ValueError, match="no tokenizer"):
         Vocab.from_gguf(tmp_path / "empty.gguf")
+
+
+def test_the_benchmark_script_names_a_missing_tokenizer_file(tmp_path: Path) -> None:
+    script = Path(__file__).parent / "perf" / "hybrid_models.py"
+    missing = tmp_path / "nowhere.gguf"
+    done = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "out"), "--tokenizer-from", str(missing)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and str(missing) in done.stderr and "--synthetic-vocab" in done.stderr
+    assert not (tmp_path / "out").exists()
