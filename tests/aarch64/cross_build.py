@@ -47,6 +47,10 @@ class CrossBuildError(RuntimeError):
     """One line saying what failed and where its log is."""
 
 
+class BuildTimeout(CrossBuildError):
+    """The build did not finish in the time it was given (nothing is cached)."""
+
+
 def cache_root() -> Path:
     """Where the aarch64 build and runtime are kept: $SPECCHAT_AARCH64_CACHE, else next to the wheel
     cache (~/.cache/specchat/aarch64), so a rerun and CI on the same machine reuse them."""
@@ -117,21 +121,33 @@ def cached(key: str) -> Path | None:
     return folder if all((folder / name).is_file() for name in LIBRARIES) else None
 
 
-def _run(argv: Sequence[str], log: Path, *, env: dict[str, str] | None = None) -> int:
+def _run(argv: Sequence[str], log: Path, *, timeout: float | None = None) -> int:
     """Run one build step with its output appended to `log` (never on the terminal: it is long)."""
     with log.open("a") as handle:
         handle.write(f"\n$ {' '.join(argv)}\n")
         handle.flush()
-        return subprocess.run(
-            list(argv), stdout=handle, stderr=subprocess.STDOUT, env=env, check=False
-        ).returncode
+        try:
+            done = subprocess.run(
+                list(argv), stdout=handle, stderr=subprocess.STDOUT, timeout=timeout, check=False
+            )
+        except subprocess.TimeoutExpired:
+            raise BuildTimeout(
+                f"the aarch64 build did not finish within {timeout:.0f} s; see {log}"
+            ) from None
+        return done.returncode
 
 
 def build_libraries(
-    *, arch: str = SVE_ARCH, patches: Sequence[Path] | None = None, jobs: int | None = None, say: Say = print
+    *,
+    arch: str = SVE_ARCH,
+    patches: Sequence[Path] | None = None,
+    jobs: int | None = None,
+    timeout: float | None = None,
+    say: Say = print,
 ) -> Path:
     """The cross-built libraries for this queue and -march: from the cache, else built (under nice, as
-    a long compile on a shared machine should be) and cached. Returns their folder."""
+    a long compile on a shared machine should be) within `timeout` seconds and cached. Returns their
+    folder; BuildTimeout when the build ran out of time."""
     patches = build.patch_queue() if patches is None else list(patches)
     compiler = compiler_version()
     if not compiler:
@@ -170,8 +186,10 @@ def build_libraries(
                 "llama",
             ],
         ]
+        deadline = None if timeout is None else time.monotonic() + timeout
         for argv in steps:
-            if _run(argv, log) != 0:
+            left = None if deadline is None else max(1.0, deadline - time.monotonic())
+            if _run(argv, log, timeout=left) != 0:
                 raise CrossBuildError(f"the aarch64 build failed at `{' '.join(argv[:3])} ...`; see {log}")
         folder = root / "libs" / key
         staging = folder.with_name(key + ".partial")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from specchat.llama import build
+from specchat.llama import build, invariance
 
 from . import cross_build, run, runtime
 
@@ -77,3 +77,43 @@ def test_without_its_tools_the_runner_says_what_to_install(
     out = capsys.readouterr().out.strip().splitlines()
     assert len(out) == 1 and out[0].startswith("note: cannot run the aarch64 checks: qemu-aarch64 missing")
     assert "qemu-user" in out[0]
+
+
+def _steps(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, verdict: invariance.Invariance, greedy_rc: int
+) -> None:
+    """The runner with its build, runtime and emulated steps replaced by their outcomes."""
+    monkeypatch.setattr(run, "install_tools", lambda: [])
+    monkeypatch.setattr(run, "build_libraries", lambda **_: tmp_path)
+    monkeypatch.setattr(run, "sysroot", lambda **_: tmp_path)
+    monkeypatch.setattr(run, "site_packages", lambda libs, **_: tmp_path)
+    monkeypatch.setattr(run, "kernel_tests", lambda *_: True)
+    monkeypatch.setattr(run, "probe", lambda *_: verdict)
+    monkeypatch.setattr(run, "greedy", lambda *_: greedy_rc)
+
+
+@pytest.mark.parametrize(("flag", "status"), [([], 1), (["--if-available"], 0)])
+def test_a_probe_out_of_time_is_a_note_only_where_allowed(
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    flag: list[str],
+    status: int,
+):
+    slow = invariance.Invariance("could not run", 0, "the probe did not finish within 60 s")
+    _steps(monkeypatch, tmp_path, slow, 0)
+    assert run.main([*flag, "--time-budget", "60"]) == status
+    assert ("note: the emulated checks did not finish" in capsys.readouterr().out) == bool(flag)
+
+
+def test_a_probe_that_parts_fails_even_where_slowness_is_allowed(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+):
+    _steps(monkeypatch, tmp_path, invariance.Invariance("fail", 3, "Q4_K (repacked) from 4 rows"), 0)
+    assert run.main(["--if-available"]) == 1
+    _steps(monkeypatch, tmp_path, invariance.Invariance("fail", 3, "Q4_K (repacked) from 4 rows"), 124)
+    assert run.main(["--if-available"]) == 1  # parted, then ran out of time: still a failure
+    _steps(monkeypatch, tmp_path, invariance.Invariance("pass", 49), 1)  # the outputs differ
+    assert run.main(["--if-available"]) == 1
+    _steps(monkeypatch, tmp_path, invariance.Invariance("pass", 49), 0)
+    assert run.main([]) == 0
