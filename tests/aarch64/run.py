@@ -26,6 +26,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -76,19 +77,37 @@ def install_tools() -> list[str]:
 
 
 def _emulated(
-    root: Path, site: Path, argv: Sequence[str], *, vector_bytes: int, timeout: float, log: Path
+    root: Path,
+    site: Path,
+    argv: Sequence[str],
+    *,
+    vector_bytes: int,
+    timeout: float,
+    log: Path,
+    progress: str = "",
 ) -> tuple[int, str]:
-    """Run `python3.11 argv` under qemu-aarch64 from the repository root; (exit status, its stdout).
-    Its output is also written to `log`, stderr included."""
+    """Run `python3.11 argv` under qemu-aarch64 from the repository root; (exit status, its stdout; 124
+    when it ran past `timeout` and was stopped). Everything it prints goes to `log`; with `progress`,
+    its `step ...` lines are shown as they come, so an emulated run of half an hour says where it is."""
     cmd = qemu_command(root, site, argv, vector_bytes=vector_bytes, extra_path=(ROOT,))
-    try:
-        done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False)
-    except subprocess.TimeoutExpired as exc:
-        out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
-        log.write_text(out)
-        return 124, out
-    log.write_text(done.stdout + "\n--- stderr ---\n" + done.stderr)
-    return done.returncode, done.stdout
+    start = time.monotonic()
+    lines: list[str] = []
+    with log.open("w") as handle:
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=handle, text=True)
+        timer = threading.Timer(timeout, proc.kill)
+        timer.start()
+        try:
+            assert proc.stdout is not None  # a pipe was asked for
+            for line in proc.stdout:
+                lines.append(line)
+                if progress and line.startswith("step "):
+                    say(f"  {progress} {time.monotonic() - start:5.0f} s: {line[5:].rstrip()}")
+            rc = proc.wait()
+        finally:
+            timer.cancel()
+        handle.write("\n--- stdout ---\n" + "".join(lines))
+    timed_out = rc != 0 and time.monotonic() - start >= timeout
+    return (124 if timed_out else rc), "".join(lines)
 
 
 def _last_line(text: str, prefix: str = "") -> str:
@@ -126,7 +145,9 @@ def kernel_tests(root: Path, site: Path, logs: Path) -> bool:
 def probe(root: Path, site: Path, logs: Path, vector_bytes: int, timeout: float) -> invariance.Invariance:
     start = time.monotonic()
     argv = ["-m", "specchat.llama.invariance", "probe"]
-    rc, out = _emulated(root, site, argv, vector_bytes=vector_bytes, timeout=timeout, log=logs / "probe.log")
+    rc, out = _emulated(
+        root, site, argv, vector_bytes=vector_bytes, timeout=timeout, log=logs / "probe.log", progress="probe"
+    )
     if rc == 124:
         result = invariance.Invariance("could not run", 0, f"the probe did not finish within {timeout:.0f} s")
     else:

@@ -84,6 +84,7 @@ def _steps(
 ) -> None:
     """The runner with its build, runtime and emulated steps replaced by their outcomes."""
     monkeypatch.setattr(run, "install_tools", lambda: [])
+    monkeypatch.setattr(run.tempfile, "mkdtemp", lambda prefix: str(tmp_path))  # the logs' folder
     monkeypatch.setattr(run, "build_libraries", lambda **_: tmp_path)
     monkeypatch.setattr(run, "sysroot", lambda **_: tmp_path)
     monkeypatch.setattr(run, "site_packages", lambda libs, **_: tmp_path)
