@@ -10,7 +10,7 @@ vector arithmetic), so the repacked i8mm GEMM/GEMV pairs, the 2-row i8mm vec_dot
 tinyBLAS's fp16 kernel are all compiled in, and which of them a run takes is decided at run time (SVE
 vector length included) as on a real ARM server. No native detection (the compiler would ask the x86
 host), no all-variants dispatch, no curl, no tests or examples: four libraries, about 2 minutes on 2
-cores. `NEON_ARCH` is the same without SVE, as an Apple M2+ CPU or a Neoverse N1 with i8mm has it.
+cores. `NEON_ARCH` and `DOTPROD_ARCH` leave out SVE, and SVE and i8mm (`ARCHES`).
 
 The build is cached outside the checkout (`cache_root()/libs/<key>`), keyed by everything that changes
 the binary: the pinned version, the queue's hash, the -march string and the compiler's version.
@@ -31,8 +31,13 @@ from specchat.llama import build
 
 #: every ARM extension ggml has kernels for; qemu-aarch64's `-cpu max` has them all
 SVE_ARCH = "armv8.6-a+dotprod+i8mm+sve+fp16"
-#: the same without SVE (Apple M2 and later, Neoverse N1-class servers with i8mm)
+#: the same without SVE (Apple M2 and later)
 NEON_ARCH = "armv8.6-a+dotprod+i8mm+fp16"
+#: dotprod without i8mm or SVE (Neoverse N1 / Graviton2, Ampere Altra, Apple M1): the 8x4 and 4x4
+#: repacks, and tinyBLAS (ggml disables it with SVE or i8mm)
+DOTPROD_ARCH = "armv8.2-a+dotprod+fp16"
+#: `make test-aarch64`'s --arch names
+ARCHES = {"sve": SVE_ARCH, "neon": NEON_ARCH, "dotprod": DOTPROD_ARCH}
 CC = "aarch64-linux-gnu-gcc"
 CXX = "aarch64-linux-gnu-g++"
 #: the cross toolchain's sysroot (Debian's libc6-dev-arm64-cross)

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from specchat.llama import invariance
 
-from .cross_build import CXX, BuildTimeout, CrossBuildError, build_libraries
+from .cross_build import ARCHES, CXX, BuildTimeout, CrossBuildError, build_libraries
 from .runtime import RuntimeSetupError, qemu_command, site_packages, sysroot
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -188,6 +188,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="SVE vector length of the emulated CPU for the probe and the greedy check",
     )
     parser.add_argument(
+        "--arch",
+        default="sve",
+        choices=sorted(ARCHES),
+        help="the build's extensions: sve (dotprod, i8mm, SVE, fp16), neon (no SVE), dotprod (no i8mm, SVE)",
+    )
+    parser.add_argument(
         "--min-rows", type=int, default=16, help="fail unless the probe shows this many rows exact"
     )
     parser.add_argument(
@@ -214,7 +220,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     start = time.monotonic()
     deadline = start + args.time_budget
     try:
-        libs = build_libraries(timeout=args.time_budget, say=say)
+        libs = build_libraries(arch=ARCHES[args.arch], timeout=args.time_budget, say=say)
         root = sysroot(say=say)
         site = site_packages(libs, say=say)
     except BuildTimeout as exc:
