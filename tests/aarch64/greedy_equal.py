@@ -7,9 +7,10 @@ Three ways against plain one-token decoding (`--no-draft`), each from the same p
   - the defaults: the draft model and n-gram lookup routed by the cost model (specchat's AutoPlanner,
     seeded), with the tie margin and trusted verify width calibrated on this target as `specchat run`
     does (`--verified`: the rows the build's invariance probe showed bit-exact);
-  - every verify row trusted: the draft model forced to k = 4, 16 and 48 tokens a round with no tie
-    margin, so every token comes from a row of a batch of up to 49 rows -- equal output needs those
-    rows to round like one-token decoding (the probe's claim, on this model).
+  - every verify row trusted: the draft model forced to k = 4, 16 and 48 tokens a round (no confidence
+    cut-off) with no tie margin, so every token comes from a row of a batch of 5, 17 or 49 rows (fewer
+    only at the token limit) -- equal output needs those rows to round like one-token decoding (the
+    probe's claim, on this model).
 Prints one line per way and `greedy: N passed, N failed`; exit status 1 when any output differs.
 Runs the loop and engine of specchat itself; imports nothing but them, numpy and llama_cpp.
 """
@@ -87,9 +88,10 @@ def run(target_path: Path, draft_path: Path, *, verified: int, max_tokens: int) 
                 loaded.drafters,
             ),
         ]
+        eager = [ModelDrafter(draft, p_min=0.0)]  # no confidence cut-off: k drafts, k + 1 rows, every round
         for k in FORCED_K:
             settings = Settings(max_tokens=max_tokens, tie_margin=0.0, exact_rows=verified)
-            ways.append((f"draft model, k={k}, every row trusted", FixedK(k), settings, loaded.drafters[:1]))
+            ways.append((f"draft model, k={k}, every row trusted", FixedK(k), settings, eager))
         for name, planner, settings, drafters in ways:
             equal = True
             for prompt, want in zip(prompts, plain, strict=True):
