@@ -118,3 +118,11 @@ def test_a_probe_that_parts_fails_even_where_slowness_is_allowed(
     assert run.main(["--if-available"]) == 1
     _steps(monkeypatch, tmp_path, invariance.Invariance("pass", 49), 0)
     assert run.main([]) == 0
+
+
+def test_the_last_line_counts_the_steps(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
+    _steps(monkeypatch, tmp_path, invariance.Invariance("fail", 3, "Q4_K (repacked) from 4 rows"), 0)
+    run.main([])
+    assert capsys.readouterr().out.strip().splitlines()[-1] == "aarch64: 2 passed, 1 failed"
