@@ -38,7 +38,7 @@ test-slow: install
 # (-cpu max: dotprod, i8mm, SVE): the ARM kernel tests, the batch-invariance probe (its verdict line is
 # printed), and greedy speculative decoding against plain decoding on the tiny models. Installs Debian's
 # cross compilers and qemu-user with apt-get when missing; the build and the aarch64 CPython are cached
-# in ~/.cache/specchat/aarch64. About 2-10 minutes to build once, 30-45 emulated (docs/aarch64.md).
+# in ~/.cache/specchat/aarch64. About 4 minutes to build once, 25-35 emulated on 2 cores (docs/aarch64.md).
 test-aarch64: install
 	$(BIN)/python -m tests.aarch64.run
 
