@@ -13,11 +13,7 @@ BIN    := $(VENV)/bin
 export CMAKE_ARGS
 PATCHES := $(wildcard patches/llama.cpp/*.patch)
 
-<<<<<<< HEAD
-.PHONY: install test test-slow lint demo bench stress verify-rows clean
-=======
-.PHONY: install test test-slow test-aarch64 lint demo bench stress clean
->>>>>>> arm
+.PHONY: install test test-slow test-aarch64 lint demo bench stress verify-rows clean
 
 $(BIN)/specchat: pyproject.toml $(PATCHES) specchat/llama/build.py specchat/llama/patchqueue.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
