@@ -151,9 +151,11 @@ def planted_output(inputs: np.ndarray, succ: np.ndarray, logit_scale: float) -> 
     inputs[v] is what token v puts into the residual stream; rows no rule leads to are zero."""
     out = np.zeros_like(inputs)
     src = np.flatnonzero(succ >= 0)
-    rows = inputs[src]
-    rows = rows / np.linalg.norm(rows, axis=1, keepdims=True)
-    out[succ[src]] = rows * np.float32(logit_scale)
+    for part in np.array_split(src, max(1, len(src) // 8192)):  # slices: no full-size temporaries
+        rows = inputs[part]
+        rows /= np.linalg.norm(rows, axis=1, keepdims=True)
+        rows *= np.float32(logit_scale)
+        out[succ[part]] = rows
     return out
 
 
