@@ -618,11 +618,14 @@ def test_a_model_free_drafters_timing_does_not_make_it_a_draft_model():
     assert k < best_k([1.0] * 8, planner._verify_curve(8), 0.0)[0]
 
 
-def test_a_first_draft_token_below_the_floor_is_proposed_when_its_verify_row_pays():
-    """The first token's distribution comes with the catch-up decode the round pays anyway, so it
-    costs only its verify row: between `first_floor` and `floor` it is proposed, and no decode is
-    spent looking past it. (Declined, the draft model had paid that decode for nothing: 65 of 255
-    draft rounds on scratch code under a CUDA curve with a 0.3x draft, replayed.)"""
+def test_a_computed_draft_token_is_proposed_when_its_verify_row_pays_and_no_decode_looks_past_it():
+    """A token whose distribution the drafter has computed costs only its verify row from then on: it
+    is proposed at the row's price (`floors`). Looking at the next position costs a draft decode too,
+    so the drafter does that only while the chance so far, times what a token there usually is
+    accepted at, pays both (`ahead`, `expect`). (Priced together, the first token of a round was
+    declined after its catch-up decode was paid -- 65 of 255 draft rounds on scratch code under a CUDA
+    curve with a 0.3x draft, replayed -- and a drafter decoded one position too many every round,
+    the one whose token it then declined: 12 of an MTP head's 41 ms a round.)"""
     from specchat.decoding.drafters import DraftBudget, ModelDrafter
     from specchat.decoding.sampling import SamplingParams
 
@@ -633,26 +636,34 @@ def test_a_first_draft_token_below_the_floor_is_proposed_when_its_verify_row_pay
     strict = DraftBudget(floor=0.9, chance=(0.5,))  # every token's chance 0.5: below the floor
     assert drafter.propose(ctx, 8, SamplingParams(), rng, budget=strict).tokens == []
     calls = len(model.decode_calls)
-    cheap_first = DraftBudget(floor=0.9, chance=(0.5,), first_floor=0.4)
-    out = drafter.propose(ctx, 8, SamplingParams(), rng, budget=cheap_first)
+    cheap_row = DraftBudget(floor=0.9, chance=(0.5,), floors=(0.4,), ahead=(0.9, 0.9), expect=(1.0, 1.0))
+    out = drafter.propose(ctx, 8, SamplingParams(), rng, budget=cheap_row)
     assert len(out.tokens) == 1 and out.confidence
     # one decode, the catch-up that gave the first token's distribution; none for the token itself
     assert model.decode_calls[calls:] == [(1, 1)]
-    assert DraftBudget(floor=0.3).first() == 0.3  # no first_floor: the floor itself
+    calls = len(model.decode_calls)
+    worth_a_look = DraftBudget(floor=0.2, chance=(0.5,), ahead=(0.2, 0.4), expect=(1.0, 0.9))
+    out = drafter.propose(ctx, 8, SamplingParams(), rng, budget=worth_a_look)
+    assert len(out.tokens) == 2  # 0.5 x 0.9 >= 0.4: looked at; 0.25 >= 0.2: proposed
+    assert DraftBudget(floor=0.3).ahead_at(2) == 0.3  # nothing given: the propose floor decides
 
 
-def test_the_planner_prices_the_first_token_by_its_verify_row_and_keeps_such_tries_out_of_its_rates():
+def test_the_planner_prices_a_token_by_its_row_a_look_ahead_by_its_decode_too_and_keeps_tries_out():
     v0 = BIG_V[0]
-    planner = AutoPlanner(Costs(list(BIG_V), [0.3 * v0]), [(9.0, 1.0)], rng=np.random.default_rng(1))
+    c = 0.3 * v0
+    planner = AutoPlanner(Costs(list(BIG_V), [c]), [(9.0, 1.0)], rng=np.random.default_rng(1))
     which, _ = planner.plan(16, ["model"])
     assert which == 0
     budget = planner.draft_budget(0)
-    assert budget is not None and budget.first_floor is not None
-    assert budget.first_floor == pytest.approx(min(budget.floor, planner.last_speed * (BIG_V[1] - BIG_V[0])))
-    assert budget.first_floor < budget.floor  # cheaper: no draft decode in its price
+    assert budget is not None
+    speed = planner.last_speed
+    assert budget.floor_at(0) == pytest.approx(speed * (BIG_V[1] - BIG_V[0]))  # its own row
+    assert budget.ahead_at(0) == pytest.approx(min(0.9, speed * (c + BIG_V[1] - BIG_V[0])))
+    assert budget.floor_at(0) < budget.ahead_at(0)  # proposing a computed token costs no decode
+    assert budget.expect and all(0.0 < e <= 1.0 for e in budget.expect)  # the planned depth's rates
     before = list(planner.acceptance(0, "model").a), list(planner.acceptance(0, "model").b)
-    unsure = 0.05  # a confidence whose calibrated chance is below the floor: a first-token-only try
-    assert budget.accept_chance(unsure) < budget.floor
+    unsure = 0.05  # a first token proposed at its row's price only: a one-row try
+    assert budget.accept_chance(unsure) < budget.ahead_at(0)
     planner.observe(Round("d", 1, 1, 0, 1, BIG_V[1], route="model", proposed=1, confidence=(unsure,)), 0)
     after = planner.acceptance(0, "model")
     assert (after.a, after.b) == before  # the per-depth rates plan() chooses by are not pulled down
@@ -696,7 +707,7 @@ def test_deep_draft_positions_are_priced_at_their_own_rows_where_the_curve_steep
     assert which == 0
     budget = planner.draft_budget(0)
     assert budget is not None and len(budget.floors) == 8
-    assert all(f >= budget.floor for f in budget.floors)
+    assert all(f >= budget.floor for f in budget.floors[1:])  # the first: its own row (cheapest)
     assert budget.floor_at(5) > budget.floor  # rows 6-9 at 0.19 each: dearer than the average
     assert budget.floor_at(50) == budget.floor  # past the curve the planner has: the floor
     flat_late = [v0 * x for x in (1.0, 1.17, 1.33, 1.50, 1.58, 1.67, 1.75, 1.84, 1.92, 2.0)]
@@ -710,6 +721,6 @@ def test_deep_draft_positions_are_priced_at_their_own_rows_where_the_curve_steep
     from specchat.decoding.sampling import SamplingParams
 
     drafter = ModelDrafter(FakeModel(n_vocab=16, seed=3), p_min=0.0)
-    each = DraftBudget(floor=0.0, chance=(0.9,), floors=(0.0, 0.0, 0.8))  # reach 0.9, 0.81, 0.73
+    each = DraftBudget(floor=0.0, chance=(0.9,), floors=(0.0, 0.0, 0.8), ahead=(0.0,) * 4)  # 0.9, 0.81, 0.73
     out = drafter.propose([1, 2, 3], 8, SamplingParams(), np.random.default_rng(0), budget=each)
     assert len(out.tokens) == 2

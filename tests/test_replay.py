@@ -101,7 +101,11 @@ def test_the_replayed_draft_stops_after_a_first_token_below_the_floor_as_model_d
         == []
     )
     one = d.propose(
-        ctx, 4, SamplingParams(), np.random.default_rng(0), budget=DraftBudget(floor=0.5, first_floor=0.2)
+        ctx,
+        4,
+        SamplingParams(),
+        np.random.default_rng(0),
+        budget=DraftBudget(floor=0.5, floors=(0.2,), ahead=(0.5, 0.5)),
     )
     assert one.tokens == [10]
     assert one.seconds == pytest.approx(one.catch_up_seconds)  # no decode after it, as ModelDrafter

@@ -37,29 +37,47 @@ class Proposal:
 
 @dataclass(frozen=True, slots=True)
 class DraftBudget:
-    """How far a drafter that knows its confidence should draft this round (Planner.draft_budget):
-    on while the chance that the whole draft so far is accepted stays at or above `floor`.
+    """How far a drafter that knows its confidence should draft this round (Planner.draft_budget).
+
+    Two decisions per position, priced separately because they cost different things. Whether to
+    *propose* a token whose distribution is already computed: its only cost left is its row of the
+    verify batch, so it goes in while the chance that the whole draft so far is accepted is at least
+    `floor_at(i)`. Whether to *compute* the next position at all: that costs a draft decode as well,
+    so the drafter looks ahead only while the chance so far times what a token there is usually
+    accepted at (`expect_at`) reaches `ahead_at`. (Priced together, a drafter decoded one position
+    too many every round, the one whose token it then declined: 12 of 41 ms of an MTP head's
+    rounds.)
 
     `chance[i]` is the measured acceptance of tokens drafted with a confidence in the i-th of
     len(chance) equal bins: a draft model's top probability is a ranking, not a probability (a 0.5B
     draft of its own family is right far more often than it says when unsure), so the planner
     learns the map from what the verifier accepted. Empty: take the confidence at its word."""
 
+    #: the propose threshold at positions past `floors`
     floor: float = 0.0
     chance: tuple[float, ...] = ()
-    #: the floor for the first token, whose distribution comes with the catch-up decode the round pays
-    #: anyway: proposing it costs only its verify row, not a draft decode (None: `floor`). Below
-    #: `floor` but at or above this, it is proposed and the drafter looks no further.
-    first_floor: float | None = None
-    #: per draft position, the floor where it differs from `floor` (a deeper row of the verify batch
-    #: can cost more than the planned draft's average row); positions past its end take `floor`
+    #: per draft position: propose while the chance the draft so far is accepted is at least this
+    #: (what its verify row is worth at the round's planned speed)
     floors: tuple[float, ...] = ()
-
-    def first(self) -> float:
-        return self.floor_at(0) if self.first_floor is None else self.first_floor
+    #: per draft position: compute it (a draft decode) while the chance so far times `expect` is at
+    #: least this (its decode and its row); past the end: the propose floor
+    ahead: tuple[float, ...] = ()
+    #: per draft position: the acceptance a token drafted there usually has (the planner's per-depth
+    #: estimate); past the end: 1, so the propose floor alone decides
+    expect: tuple[float, ...] = ()
 
     def floor_at(self, i: int) -> float:
         return self.floors[i] if i < len(self.floors) else self.floor
+
+    def ahead_at(self, i: int) -> float:
+        return self.ahead[i] if i < len(self.ahead) else self.floor_at(i)
+
+    def expect_at(self, i: int) -> float:
+        return self.expect[i] if i < len(self.expect) else 1.0
+
+    def looks_ahead(self, reach: float, i: int) -> bool:
+        """Whether position i is worth a draft decode after a draft accepted with chance `reach`."""
+        return reach * self.expect_at(i) >= self.ahead_at(i)
 
     def accept_chance(self, confidence: float) -> float:
         if not self.chance:
@@ -176,9 +194,10 @@ class ModelDrafter:
         budget: DraftBudget | None = None,
         processor: AnswerProcessor | None = None,
     ) -> Proposal:
-        """Draft greedily (or by sampling) until k tokens, a token below `p_min`, or the chance that
-        every token so far is accepted (the budget's calibrated confidences, multiplied) below the
-        budget's floor. Each row is adjusted by `processor` first, as the target's will be."""
+        """Draft greedily (or by sampling) until k tokens, a token below `p_min`, the chance that every
+        token so far is accepted (the budget's calibrated confidences, multiplied) below the budget's
+        floor, or a next position not worth its draft decode (DraftBudget). Each row is adjusted by
+        `processor` first, as the target's will be."""
         start = time.perf_counter()
         out = Proposal(q=None if params.greedy else [])
         room = self._model.n_ctx - len(context)
@@ -205,17 +224,16 @@ class ModelDrafter:
                 reach *= budget.accept_chance(conf)
             if conf < self.p_min:
                 break
-            last = False
             if budget is not None and reach < budget.floor_at(i):
-                if i > 0 or reach < budget.first():
-                    break
-                last = True  # the first token pays its verify row, not a decode to look past it
+                break  # not worth even its verify row
             out.tokens.append(tok)
             out.confidence.append(conf)
             if out.q is not None:
                 out.q.append(q)
-            if last or i == k - 1 or self._model.is_eog(tok):
+            if i == k - 1 or self._model.is_eog(tok):
                 break
+            if budget is not None and not budget.looks_ahead(reach, i + 1):
+                break  # the next position is not worth a draft decode
             logits = self._model.decode([tok], [0])[0]
         out.seconds = time.perf_counter() - start
         return out

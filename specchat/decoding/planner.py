@@ -197,8 +197,9 @@ class AutoPlanner:
         self._last_v: list[float] = []
         self._planned_k = 0  # the k the expected speed was computed for (last_choice may cap higher)
         self._budget: DraftBudget | None = None  # the last draft budget handed out
+        self._last_rates: list[float] = []  # the chosen drafter's acceptance by depth, this round
         #: per drafter, acceptance by draft confidence (only drafters that report one fill theirs)
-        self.confidence = [ConfidenceCurve() for _ in self.priors]
+        self.confidence = [ConfidenceCurve(start=a / (a + b)) for a, b in self.priors]
         #: tokens an answer runs (running estimate), and the count of the one under way
         self.answer_tokens = ANSWER_PRIOR
         self._generated, self._answer_open = 0, False
@@ -385,6 +386,7 @@ class AutoPlanner:
                 speed = horizon / (horizon / speed + behind - steady)
             if k > 0 and speed > best_speed:
                 self.last_choice, best_speed = (i, k), speed
+                self._last_rates = rates
         self.last_speed, self._last_v = best_speed, v
         which, k = self.last_choice
         self._planned_k = k
@@ -400,36 +402,37 @@ class AutoPlanner:
         return self.last_choice
 
     def draft_budget(self, drafter: int) -> DraftBudget | None:
-        """Where a draft model should stop this round: once the chance that its whole draft so far
-        is accepted (its confidences, calibrated by what the verifier accepted, multiplied) is below
-        what one more token costs at the speed this round is planned for. One more drafted token
-        costs its draft decode plus its share of the longer verify batch, c + (V(k+1) - V(1))/k (or,
-        deeper where the curve steepens, its own rows' slope: FLOOR_WINDOW), and
-        is worth its chance of being accepted; it pays while that chance is at least speed x cost
-        tokens. So a cheap draft on a flat verify curve runs on through a few unsure tokens (a 1B
-        draft for a 70B target), and a dear one stops at the first (the default pair on a 2-core
-        CPU, where auto hardly drafts at all). Model-free drafters (n-gram copies) have no
-        confidence to weigh: None."""
+        """Where a draft model should stop this round (DraftBudget). A token it has computed is
+        proposed while the chance that its whole draft so far is accepted (its confidences,
+        calibrated by what the verifier accepted, multiplied) is worth its verify row at the speed
+        this round is planned for: the row's share of the longer batch, (V(k+1) - V(1))/k (or, deeper
+        where the curve steepens, its own rows' slope: FLOOR_WINDOW; the first token, its own row).
+        It looks at one more position only while that chance, times what a token there is usually
+        accepted at, is worth the draft decode c as well. So a cheap draft on a flat verify curve
+        runs on through a few unsure tokens (a 1B draft for a 70B target), and a dear one stops at
+        the first (the default pair on a 2-core CPU, where auto hardly drafts at all). Model-free
+        drafters (n-gram copies) have no confidence to weigh: None."""
         which, k = self.last_choice[0], self._planned_k
         if which != drafter or k <= 0 or not self._last_v or self.costs.draft[drafter] <= 0.0:
             return None
-        v = self._last_v
-        per_token = self.costs.draft[drafter] + (v[k] - v[0]) / k
-        floor = min(FLOOR_MAX, self.last_speed * per_token)
+        v, speed, c = self._last_v, self.last_speed, self.costs.draft[drafter]
+        row = (v[k] - v[0]) / k  # the planned draft's average verify row
         # the first token's distribution comes with the catch-up decode the round pays anyway, so
-        # proposing it costs only its verify row (a draft model declining it had paid that decode for
-        # nothing: 65 of 255 draft rounds on scratch code under a CUDA curve with a 0.3x draft)
-        first = min(floor, self.last_speed * (v[1] - v[0])) if len(v) > 1 else floor
-        # a position deeper in the batch can cost more than the planned draft's average row (where
-        # the curve steepens: past 4 rows on the published GPU and M2 Ultra curves): it is priced at
-        # its own, the curve's slope over the FLOOR_WINDOW rows from it; never below `floor`
-        c = self.costs.draft[drafter]
-        floors = []
-        for i in range(len(v) - 1):
+        # proposing it costs only its own verify row (a draft model declining it had paid that decode
+        # for nothing: 65 of 255 draft rounds on scratch code under a CUDA curve with a 0.3x draft).
+        # A position deeper in the batch can cost more than the average row (where the curve
+        # steepens: past 4 rows on the published GPU and M2 Ultra curves): it is priced at its own,
+        # the curve's slope over the FLOOR_WINDOW rows from it, never below the average
+        rows = [v[1] - v[0] if len(v) > 1 else row]
+        for i in range(1, len(v) - 1):
             j = min(len(v) - 1, i + FLOOR_WINDOW)
-            floors.append(min(FLOOR_MAX, max(floor, self.last_speed * (c + (v[j] - v[i]) / (j - i)))))
+            rows.append(max(row, (v[j] - v[i]) / (j - i)))
         self._budget = DraftBudget(
-            floor=floor, chance=self.confidence[drafter].chances(), first_floor=first, floors=tuple(floors)
+            floor=min(FLOOR_MAX, speed * row),
+            chance=self.confidence[drafter].chances(self.rng if self.explore else None),
+            floors=tuple(min(FLOOR_MAX, speed * r) for r in rows),
+            ahead=tuple(min(FLOOR_MAX, speed * (c + r)) for r in rows),
+            expect=tuple(self._last_rates),
         )
         return self._budget
 
@@ -454,17 +457,13 @@ class AutoPlanner:
             self.drift = [self.drift[0] * 0.995 + rnd.repair_seconds, self.drift[1] * 0.995 + rnd.drifted]
         if drafter is None:
             return
-        first_only = (
-            budget is not None
-            and rnd.drafted == 1
-            and len(rnd.confidence) == 1
-            and budget.accept_chance(rnd.confidence[0]) < budget.floor_at(0)
-        )
-        if not first_only:
-            # a first token proposed below the full floor (DraftBudget.first_floor) says how such
-            # tokens fare (the confidence curve learns it), not what a draft round yields: counted
-            # per depth, these cheap one-row tries pulled the rates plan() chooses a drafter by
-            self.acceptance(drafter, rnd.route).observe(rnd.drafted, rnd.accepted)
+        full = rnd.drafted if budget is None else _full_tokens(budget, rnd.confidence[: rnd.drafted])
+        if full > 0:
+            # tokens proposed below what a draft decode and their row cost together (a first token,
+            # or one the drafter looked at and found less sure than usual) say how such tokens fare
+            # (the confidence curve learns it), not what a draft round yields: counted per depth,
+            # these cheap one-row tries pulled the rates plan() chooses a drafter by
+            self.acceptance(drafter, rnd.route).observe(full, min(rnd.accepted, full))
         if rnd.confidence:
             self.confidence[drafter].observe(rnd.confidence, rnd.accepted)
         drafting = rnd.draft_seconds - rnd.catch_up_seconds  # catching up is priced separately
@@ -476,6 +475,17 @@ class AutoPlanner:
         if self.learn_costs and proposed > 0 and drafting > 0 and self.costs.draft[drafter] > 0.0:
             per = drafting / proposed
             self.costs.draft[drafter] += EMA * (per - self.costs.draft[drafter])
+
+
+def _full_tokens(budget: DraftBudget, confidence: Sequence[float]) -> int:
+    """How many of a draft's first tokens were proposed at or above the price of a draft decode and a
+    verify row (DraftBudget.ahead_at): the rest were cheap one-row tries."""
+    reach = 1.0
+    for i, conf in enumerate(confidence):
+        reach *= budget.accept_chance(conf)
+        if reach < budget.ahead_at(i):
+            return i
+    return len(confidence)
 
 
 def make_planner(loaded: object, k: int | None, *, seed: int | None = None):  # type: ignore[no-untyped-def]

@@ -126,17 +126,14 @@ class ReplayDraftModel:
                 reach *= budget.accept_chance(conf)
             if conf < self.p_min:
                 break
-            last = False
             if budget is not None and reach < budget.floor_at(j):
-                if j > 0 or reach < budget.first():
-                    break
-                last = True  # as ModelDrafter: the first token proposed, no decode to look past it
+                break  # as ModelDrafter: not worth its verify row
             right = on_track and self.trace.right[p]
             out.tokens.append(self.output[p] if right else (self.output[p] + 1) % self.n_vocab)
             out.confidence.append(conf)
             on_track = right
-            if last:
-                break
+            if budget is not None and not budget.looks_ahead(reach, j + 1):
+                break  # as ModelDrafter: the next position is not worth a draft decode
         # its cache now holds the context and every draft but the last (ModelDrafter decodes those)
         self._cache = [*context, *out.tokens[:-1]]
         if lag > 0:

@@ -77,6 +77,7 @@ def specchat_configs(draft: str) -> dict[str, list[str]]:
         "specchat ngram auto": ["--draft", "ngram"],
         "specchat ngram -k 8": ["--draft", "ngram", "-k", "8"],
         "specchat draft auto": ["--draft", draft],
+        "specchat draft -k 4 p0.5": ["--draft", draft, "-k", "4", "--draft-p-min", "0.5"],
         "specchat draft -k 8 p0.5": ["--draft", draft, "-k", "8", "--draft-p-min", "0.5"],
         "specchat draft -k 16 p0.3": ["--draft", draft, "-k", "16", "--draft-p-min", "0.3"],
     }
