@@ -1,6 +1,6 @@
 """tests/perf/device, in its smallest form: the random-weight Q4_0 GGUF writer, specchat's calibration
 written as a cost-curve file, and a replay of a recorded answer under that curve, from the replay
-cache alone. The prepared device check (tests/perf/device/README.md) runs the same code on a lent GPU
+cache alone. The prepared device check (tests/perf/device/README.md) runs the same code on a GPU machine
 with an 8B and a 1B; this keeps it working where there is none."""
 
 from __future__ import annotations

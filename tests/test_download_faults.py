@@ -1,4 +1,4 @@
-"""Download faults (issue 6): a full disk, a network that drops mid-download, cached files that no longer
+"""Download faults: a full disk, a network that drops mid-download, cached files that no longer
 match. Against the local stand-in Hub and a local wheel folder; nothing here reaches the real network."""
 
 from __future__ import annotations

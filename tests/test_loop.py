@@ -313,7 +313,7 @@ def test_batches_within_the_exact_size_need_no_margin():
 
 
 def test_near_ties_on_a_cache_written_by_inexact_batches_are_decided_after_an_exact_repair():
-    """Issue 11: verifying beyond the bit-exact batch leaves K/V that one-token decoding would not
+    """Verifying beyond the bit-exact batch leaves K/V that one-token decoding would not
     write; later rows, single tokens included, then round differently too. A near-tie there is only
     decided after the drifted span is re-decoded in exact batches."""
     eps = 0.3

@@ -14,7 +14,7 @@ from specchat.decoding.planner import AutoPlanner, best_k, expected_tokens
 
 from .fakes import FakeModel
 
-# measured on the 2-core CI machine for the default pair (issue 5): V(1..9) in seconds
+# measured on the 2-core CI machine for the default pair: V(1..9) in seconds
 CPU_V = [0.035, 0.051, 0.065, 0.077, 0.095, 0.114, 0.138, 0.162, 0.180]
 GPU_V = [0.010] * 9  # a verify batch costs what one token costs
 
@@ -205,7 +205,7 @@ def test_calibration_is_cached(tmp_path, monkeypatch):
 
 
 def test_a_cached_curve_measured_on_a_busy_machine_is_measured_again(tmp_path, monkeypatch):
-    """Issue 11: V(2..9) cached at 3-4x their idle cost kept auto from drafting until the file was
+    """V(2..9) cached at 3-4x their idle cost kept auto from drafting until the file was
     deleted. A quick live V(1)/V(4) that runs well below the cached curve re-measures it."""
     from specchat.decoding import calibration
 
@@ -453,7 +453,7 @@ def test_a_strict_planner_keeps_to_the_exact_batch_from_its_first_round():
     assert loose.plan(100, ["match 16+"])[1] > 2
 
 
-# the F16 stand-in for a big target (issue 18): a batch of 4 costs 1.85 tokens, the curve stays flat
+# the F16 stand-in for a big target: a batch of 4 costs 1.85 tokens, the curve stays flat
 BIG_V = [0.055 * x for x in (1.0, 1.3, 1.6, 1.85, 1.95, 2.05, 2.15, 2.25, 2.35)]
 
 
@@ -503,7 +503,7 @@ def simulate_draft_model(
 
 
 def test_a_cheap_draft_that_is_usually_right_drafts_deep_on_a_flat_curve():
-    """Issue 18: c = 0.27 of a target token, V(4) = 1.85 V(1), drafts right ~95% of the time: the
+    """c = 0.27 of a target token, V(4) = 1.85 V(1), drafts right ~95% of the time: the
     planner must draft deep (a fixed -k 8 made 5.8 tokens a pass there, auto had made 2-3)."""
     v = BIG_V + [BIG_V[-1] + 0.1 * BIG_V[0] * i for i in range(1, 41)]
     planner = AutoPlanner(Costs(list(v), [0.27 * v[0]]), [(3.0, 2.0)], rng=np.random.default_rng(3))

@@ -168,7 +168,7 @@ def test_serve_answers_the_openai_client_and_a_resent_conversation_reuses_the_ca
 
 
 def test_serve_decodes_as_fast_as_run_with_drafters_loaded(real_pair):
-    """Issue 17: with a drafter loaded, `specchat serve` decoded at 0.67x plain because a second
+    """With a drafter loaded, `specchat serve` decoded at 0.67x plain because a second
     thread generating made llama.cpp's OpenMP oversubscribe the cores (its threads then sleep in the
     kernel at every barrier: ~250 voluntary context switches a token). The real CLI, interleaved with
     `specchat run` on the same prompt and settings: about as fast, and almost no switches."""

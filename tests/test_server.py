@@ -547,7 +547,7 @@ def test_bench_export_vllm_speculative_config(tiny_pair):
 
 
 def test_serve_makes_every_llama_cpp_call_on_the_thread_that_loaded_the_models(tiny_pair, monkeypatch):
-    """Issue 17: with a drafter, loading calibrates the target (decodes on the loading thread); a
+    """With a drafter, loading calibrates the target (decodes on the loading thread); a
     second thread generating made llama.cpp's OpenMP keep two thread teams, and with more OpenMP
     threads than cores every barrier sleeps in the kernel (0.67x of --no-draft serving). So serve
     generates on the thread that loaded: every decode, calibration's and the answer's, on one."""

@@ -14,7 +14,7 @@ parameter per setting, typed, defaulted and helped from the table (Typer renders
 a hand-written `Annotated[float, typer.Option("--top-p", help=...)] = default`), and at call time folds
 them back into one `SamplingParams`, whose own check reports a bad value as one line naming the flag.
 The alternatives were worse: Annotated aliases with defaults from the table still need a parameter and
-an argument per setting in every command (the ~13 edits issue 32 counted), and a shared Typer callback
+an argument per setting in every command (~13 edits), and a shared Typer callback
 cannot carry options for `run`, `chat` and `serve` alike.
 
 Nothing heavy is imported at module level (`decoding.settings` and `decoding.registry` are standard

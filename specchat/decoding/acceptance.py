@@ -34,7 +34,7 @@ class Acceptance:
     rounds the estimate is the recent acceptance itself. (A prior kept at full weight forever pulls
     every estimate towards its mean: with the draft model's Beta(3, 2) a draft right 98% of the time
     was rated 0.93 at each depth, 0.56 for eight in a row instead of 0.85, and auto drafted half as
-    deep as it pays on a big target; issue 18.) Depths a round does not reach keep what they knew."""
+    deep as it pays on a big target.) Depths a round does not reach keep what they knew."""
 
     prior_a: float
     prior_b: float
@@ -79,7 +79,7 @@ class Acceptance:
         The draw moves the log-odds, not the rate: read linearly and clipped at 1.0, one draw in
         twenty made a route with the 0.9 prior of an 8-token match certain at every depth, and the
         planner verified 48 drafts at once where V grows ~0.8 of a token per row (Apple M1 Pro's
-        published curve, replayed: a 49-row batch costing 38 tokens for 3; issue 30)."""
+        published curve, replayed: a 49-row batch costing 38 tokens for 3)."""
         out = []
         z = EXPLORE_SPREAD * float(rng.standard_normal()) if rng is not None else 0.0
         for i in range(k):

@@ -156,7 +156,7 @@ def default_p_min(params: SamplingParams, *, auto: bool = False) -> float:
     0.5 when sampling, where the draft's top probability is naturally lower. None under `-k auto`:
     there the planner's budget (Planner.draft_budget) prices each further token from the measured
     costs, which a fixed cut-off cannot (on a big target with a cheap draft a 0.75 cut-off stopped
-    drafts at 4.7 tokens a pass where 7.1 paid; issue 18)."""
+    drafts at 4.7 tokens a pass where 7.1 paid)."""
     if auto:
         return 0.0
     return 0.75 if params.greedy else 0.5

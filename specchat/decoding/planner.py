@@ -53,7 +53,7 @@ SEEN_ENOUGH = 3
 #: a draft model's drafts per round at most (AutoPlanner.plan): past the depth where a perfect draft
 #: stops paying the budget stops it, but on a flat curve that depth is 48, and the budget's price of
 #: a token (the average verify cost per row of the planned draft) undercharges the rows of a deep
-#: batch; replayed on published GPU/Metal curves (issue 30) 16 gave 0.3-1.9% over 48 and 8 less,
+#: batch; replayed on published GPU/Metal curves, 16 gave 0.3-1.9% over 48 and 8 less,
 #: this CPU's curves unchanged (there a perfect draft stops paying before 16)
 DEPTH_CAP = 16
 #: catching an idle draft model up is paid once and then serves every round it drafts after, so
@@ -61,7 +61,7 @@ DEPTH_CAP = 16
 #: the answer's expected remaining tokens, not over one round. Charged to one round, the catch-up
 #: grew with every n-gram round and a draft model left idle early never drafted again: on code
 #: written from scratch under a CUDA curve (0.3x draft) 3 seeds in 24 stopped drafting after two
-#: rounds, 1.02x plain against 1.37-1.44x (issue 30). The whole remaining answer overstates it (n-gram
+#: rounds, 1.02x plain against 1.37-1.44x. The whole remaining answer overstates it (n-gram
 #: copies still take rounds after, and each leaves the draft behind again): replayed, a share of 1
 #: cost 2% on copies on a flat curve with a dear draft (0.57 of a token), a quarter nothing
 CATCH_UP_SHARE = 0.25
@@ -395,7 +395,7 @@ class AutoPlanner:
             # confidence predicts far better than the depth does; so the planned k only chose this
             # drafter, and the cap is the depth where even a draft always right would stop paying.
             # (Capped at the planned k, drafts stopped before depths they would have passed, which
-            # were then never observed: 3.2 tokens a pass where a fixed -k 16 made 11.6, issue 18.)
+            # were then never observed: 3.2 tokens a pass where a fixed -k 16 made 11.6.)
             # At most DEPTH_CAP, though.
             perfect = self._always_right_k(which, v, overhead=self._catch_up_cost(which, lags))
             self.last_choice = (which, max(k, min(perfect, DEPTH_CAP)))

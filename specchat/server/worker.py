@@ -12,7 +12,7 @@ threads per thread that ever ran a parallel region. Loading a drafter calibrates
 on the loading thread), so a second generating thread made a second team: with more OpenMP threads
 than cores, libgomp spins only ~100 times at each barrier before sleeping in the kernel, and the
 hundreds of barriers of every decode cost ~12 ms a token in futex wake-ups (measured: 3,000 context
-switches a second, 0.67-0.86x of `--no-draft` serving, issue 17). One thread for every llama.cpp
+switches a second, 0.67-0.86x of `--no-draft` serving). One thread for every llama.cpp
 call keeps one team, as `run` and `chat` have.
 
 Quick jobs (tokenizing, detokenizing, the tokenizer's facts: `Worker.call`) touch the vocabulary,

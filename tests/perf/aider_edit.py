@@ -1,12 +1,13 @@
 """aider's one-shot edit through `specchat serve` against llama.cpp's llama-server, end to end.
 
-Not a test (pytest does not collect it): the measurement behind issue 28. aider (the coding
-assistant, `pip install aider-chat` in a venv of its own) is asked to rename a function and add type
-hints in tests/perf/aider/inventory.py (50 lines), with the diff edit format, once per round on each
-server, interleaved; every server is started first and idles while another works. Each run gets a
-fresh copy of the file; the wall time is aider's whole process (its start-up is the same for all).
-With --cold every run gets a server started for it (nothing cached from the round before: the
-first edit of a session, which is what a user waits for), started before aider's clock starts.
+Not a test (pytest does not collect it): the measurement behind the aider figures in
+docs/performance.md. aider (the coding assistant, `pip install aider-chat` in a venv of its own) is
+asked to rename a function and add type hints in tests/perf/aider/inventory.py (50 lines), with the
+diff edit format, once per round on each server, interleaved; every server is started first and
+idles while another works. Each run gets a fresh copy of the file; the wall time is aider's whole
+process (its start-up is the same for all). With --cold every run gets a server started for it
+(nothing cached from the round before: the first edit of a session, which is what a user waits for),
+started before aider's clock starts.
 
 Usage: python tests/perf/aider_edit.py TARGET DRAFT AIDER_BIN [--llama-server BIN] [--rounds R]
 """

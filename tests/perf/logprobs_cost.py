@@ -1,13 +1,13 @@
 """What logprobs cost through `specchat serve`, interleaved: the same request with and without them.
 
-Not a test (pytest does not collect it): the measurement behind issue 20's "under 3% at
-top_logprobs 5". One server per drafter setting is started first; each round sends every server the
-same greedy request twice, without logprobs and with `logprobs: true, top_logprobs: N`, in
+Not a test (pytest does not collect it): the measurement behind the logprobs cost through `serve` in
+docs/performance.md. One server per drafter setting is started first; each round sends every server
+the same greedy request twice, without logprobs and with `logprobs: true, top_logprobs: N`, in
 alternating order (ABBA), so a machine that speeds up or slows down moves both columns alike. For
 each request it also reads, from /proc, the CPU seconds other processes used meanwhile, so rounds
-disturbed by other load can be told apart ("quiet": under 0.5 s). It checks on the way that
-logprobs change nothing in the answer, and that at temperature 0 the logprobs with drafting equal
-those of the same server with `speculative: false`.
+disturbed by other load can be told apart ("quiet": under 0.5 s). It checks on the way that logprobs
+change nothing in the answer, and that at temperature 0 the logprobs with drafting equal those of
+the same server with `speculative: false`.
 
 Usage: python tests/perf/logprobs_cost.py TARGET DRAFT [PROMPT] [--tokens N] [--rounds R] [--top N]
        [--configs default,model-k3]

@@ -1,12 +1,12 @@
 """Prompt processing speed: specchat's target (loaded as `run`/`serve` load it) against llama.cpp's
 own llama-bench on the same file, interleaved, as a ratio.
 
-Not a test (pytest does not collect it): the measurement behind issue 28's prefill figure. Each
-round times specchat decoding N tokens into an empty cache (no logits, as generate's prefill does,
-in n_batch chunks) and runs `llama-bench -p N -n 0 -fa 1` (its default cache types, threads and
-batch sizes), one right after the other and in turn first (a VM that speeds up or slows down within
-a round favours neither side over the rounds); the ratio reported is the median of the rounds' own
-ratios, each taken from two runs a few seconds apart.
+Not a test (pytest does not collect it): the measurement behind the prefill figure in
+docs/performance.md. Each round times specchat decoding N tokens into an empty cache (no logits, as
+generate's prefill does, in n_batch chunks) and runs `llama-bench -p N -n 0 -fa 1` (its default
+cache types, threads and batch sizes), one right after the other and in turn first (a VM that speeds
+up or slows down within a round favours neither side over the rounds); the ratio reported is the
+median of the rounds' own ratios, each taken from two runs a few seconds apart.
 
 Usage: python tests/perf/prefill.py TARGET LLAMA_BENCH [--sizes 512,2048] [--rounds 3]
 """

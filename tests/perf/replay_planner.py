@@ -38,7 +38,7 @@ says how much of a gap is the planner's and how much the hardware's.
 `--cache FILE` keeps every answer's passes (and the prompt sets); given alone, without TARGET and
 RESULTS, it replays from them with no model file at all (tests/perf/recorded/replay-cache.json.gz
 is one, see tests/perf/recorded/README.md). `--curve FILE|DIR` adds cost curves in the format of
-tests/perf/curves/ (tests/perf/device/ measures one on a lent GPU); `--curve-only` replays them alone.
+tests/perf/curves/ (tests/perf/device/ measures one on a GPU machine); `--curve-only` replays them alone.
 `--gaps` records the real top-2 gaps even on a build whose every verify batch is exact, so the cache
 also replays hardware whose batches are not (a curve that carries its own tie margin).
 """

@@ -2,11 +2,11 @@
 A + follow-up, B + follow-up, each ~1,100 prompt tokens and a short answer; cached / prompt tokens and
 wall time of each turn, for `specchat serve` (with and without drafting) and llama.cpp's llama-server.
 
-Not a test (pytest does not collect it): the measurement behind issue 28. Every server is started
-first; each round then runs the four turns on each server in turn, with a conversation pair of its
-own (so turn A is never cached), so a machine that speeds up or slows down between rounds moves
-every column alike. The texts of the specchat servers' answers are compared (drafting must write
-what the target alone writes, cache hits included).
+Not a test (pytest does not collect it): the measurement behind the alternated conversations in
+docs/performance.md. Every server is started first; each round then runs the four turns on each
+server in turn, with a conversation pair of its own (so turn A is never cached), so a machine that
+speeds up or slows down between rounds moves every column alike. The texts of the specchat servers'
+answers are compared (drafting must write what the target alone writes, cache hits included).
 
 Usage: python tests/perf/serve_cache.py TARGET DRAFT [--llama-server BIN] [--rounds R] [--tokens N]
 """
@@ -75,7 +75,7 @@ def four_turns(port: int, pair: int, n: int) -> list[tuple[int, int, float, str]
 def start_llama_server(
     binary: str, target: str, port: int, extra: list[str] | None = None
 ) -> subprocess.Popen[str]:
-    """llama-server as issue 28 ran it (`--jinja -np 1 -c 8192 -fa on`, its defaults otherwise)."""
+    """llama-server as this measurement runs it (`--jinja -np 1 -c 8192 -fa on`, its defaults otherwise)."""
     cmd = [binary, "-m", target, "--jinja", "-np", "1", "-c", "8192", "-fa", "on", "--port", str(port)]
     cmd += extra or []
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True)

@@ -1,12 +1,12 @@
 """Side by side, interleaved: tok/s through `specchat serve` against `serve --no-draft` and `specchat run`.
 
-Not a test (pytest does not collect it): the measurement behind issue 17. Every server is started
-first (one per drafter setting, each idle while another answers), then each round sends one request
-to each server and runs `specchat run --json` with the same settings, so a machine that speeds up
-or slows down between rounds moves every column alike. Alongside tok/s it reads, from /proc, the
-voluntary context switches the server's threads made per generated token: llama.cpp's OpenMP
-threads spin at barriers and sleep only when oversubscribed, so a healthy server makes almost none
-(issue 17's bug made ~250 a token).
+Not a test (pytest does not collect it): the measurement behind `serve` against `run` in
+docs/performance.md. Every server is started first (one per drafter setting, each idle while another
+answers), then each round sends one request to each server and runs `specchat run --json` with the
+same settings, so a machine that speeds up or slows down between rounds moves every column alike.
+Alongside tok/s it reads, from /proc, the voluntary context switches the server's threads made per
+generated token: llama.cpp's OpenMP threads spin at barriers and sleep only when oversubscribed, so
+a healthy server makes almost none (an oversubscribed one made ~250 a token).
 
 Usage: python tests/perf/serve_vs_run.py TARGET DRAFT [PROMPT] [--tokens N] [--rounds R]
        [--configs no-draft,default,ngram,model]

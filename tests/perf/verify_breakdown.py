@@ -11,7 +11,7 @@ Usage: python tests/perf/verify_breakdown.py TARGET.gguf [--sizes 1,2,4,8,16] [-
        [--env NAME=VALUE ...]    (GGML_CPU_MULTIROW=0: the x86 K-quant patch's several-rows kernels off)
 --cells: KV cells filled before the batches (a long conversation: attention's share grows with it);
 --v-type: the V cache's type (f16 is what `specchat run` and `serve` load on a verified build; the
-tables before stop 33 used bf16, the default here).
+earlier tables used bf16, the default here).
 Needs `perf` (Debian: linux-perf). Not a test: run it alone on an idle machine (~1 min a size).
 """
 

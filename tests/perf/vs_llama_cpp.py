@@ -57,7 +57,7 @@ def llama_cpp_configs(target: str, draft: str) -> dict[str, list[str]]:
             "-md", draft, "--spec-type", "draft-simple", "--spec-draft-n-max", "3", "--spec-draft-n-min", "0",
             "--draft-p-min", "0.75", "-td", "2",
         ],
-        # the draft settings that win where the draft model pays (a big target: issue 18)
+        # the draft settings that win where the draft model pays (a big target)
         "llama.cpp draft n8 p0.5": [
             "-md", draft, "--spec-type", "draft-simple", "--spec-draft-n-max", "8", "--spec-draft-n-min", "0",
             "--draft-p-min", "0.5", "-td", "2",

@@ -9,7 +9,7 @@
 #   SCRIPT  the script it runs (default run_device.py; verify_rows.py: verify rows against one-token
 #           decoding and their cost, see README.md)
 #   OUT     where the log, the curve file and the replay table go (default ./device-out)
-#   PYTHON  the interpreter (default python3: /opt/torch/.venv/bin/python3 on the lent machine)
+#   PYTHON  the interpreter (default python3: /opt/torch/.venv/bin/python3 on the GPU machine)
 #   SITE    where the carried wheels are installed (default /tmp/site)
 set -uo pipefail
 cd "$(dirname "$0")/../../.." || exit 1

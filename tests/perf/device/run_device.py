@@ -11,8 +11,8 @@
    llama.cpp's defaults and best fixed setting and the hindsight bound (replay_hardware.report).
 
 `--dry-run` runs the same path on a CPU with small models (tens of MB), no offload, a few answers
-and one seed: a minute or two on two cores. tests/perf/device/README.md says how to run it on a lent
-GPU (run.sh installs the carried wheels and finds the CUDA libraries first).
+and one seed: a minute or two on two cores. tests/perf/device/README.md says how to run it on a
+GPU machine (run.sh installs the carried wheels and finds the CUDA libraries first).
 
 Usage:
   python tests/perf/device/run_device.py [--out DIR] [--dry-run] [--published] [--seeds N] [--jobs N]
@@ -167,7 +167,7 @@ def main() -> int:
         target=f"{tshape.label}, random weights",
         draft=f"{dshape.label}, random weights",
         sources=[
-            f"measured on the lent device, random weights: tests/perf/device/run_device.py "
+            f"measured on a GPU machine, random weights: tests/perf/device/run_device.py "
             f"(specchat's calibration), {today}"
             if not dry
             else f"dry run on a CPU, random weights: tests/perf/device/run_device.py --dry-run, {today}"

@@ -1,5 +1,5 @@
 """Repack a llama-cpp-python wheel with one copy of each library, so that a CUDA build fits what
-travels to a lent machine (64 MiB, tests/perf/device/README.md).
+travels to a GPU machine (64 MiB, tests/perf/device/README.md).
 
 A wheel cannot hold symbolic links, so llama-cpp-python's holds every shared library six times:
 lib<x>.so, .so.0 and .so.0.25.3, once in llama_cpp/lib and once more in a top-level lib/ (plus
