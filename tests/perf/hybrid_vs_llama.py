@@ -64,8 +64,12 @@ def configs(pair: dict[str, str]) -> dict[str, tuple[str, list[str]]]:
         )
     if "mtp" in pair or "assistant" in pair:
         head = ["-md", str(MODELS / pair["assistant"])] if "assistant" in pair else []
+        # an assistant file is found by default only as `mtp-*.gguf` beside the target: name it here
+        mtp = f"mtp:assistant={MODELS / pair['assistant']}" if "assistant" in pair else "mtp"
+        if "assistant" in pair:
+            out["specchat auto (assistant+ngram)"] = ("specchat", ["--draft", mtp, "--draft", "ngram"])
         for n in (1, 2, 3):
-            out[f"specchat mtp -k {n}"] = ("specchat", ["--draft", "mtp", "-k", str(n), "--draft-p-min", "0"])
+            out[f"specchat mtp -k {n}"] = ("specchat", ["--draft", mtp, "-k", str(n), "--draft-p-min", "0"])
             out[f"llama draft-mtp n{n}"] = (
                 "llama",
                 [*head, "--spec-type", "draft-mtp", "--spec-draft-n-max", str(n)],
