@@ -32,9 +32,8 @@ import numpy as np
 
 from ..errors import EngineError, IncompatiblePair, ModelFileError
 from .engine import LlamaModel
-from .head import CachedHead, model_meta
+from .head import CachedHead, load_drafter_file, model_meta
 from .lib import llama_cpp
-from .log import quiet_stderr
 
 #: the architecture llama.cpp gives EAGLE-3 head files
 EAGLE3_ARCH = "eagle3"
@@ -163,12 +162,8 @@ class Eagle3Head(CachedHead):
 
     def __init__(self, target: LlamaModel, path: Path, *, verbose: bool = False) -> None:
         calls = _calls()
-        mparams = llama_cpp.llama_model_default_params()
-        gpu = target.gpu_layers
-        mparams.n_gpu_layers = 2**31 - 1 if gpu < 0 else gpu
-        with quiet_stderr(not verbose):
-            model = llama_cpp.llama_model_load_from_file(str(path).encode(), mparams)
-        if not model:
+        model = load_drafter_file(target, path, verbose=verbose)
+        if model is None:
             raise ModelFileError(
                 f"llama.cpp could not load the EAGLE-3 head {path}",
                 "check that it is an EAGLE-3 GGUF (convert_hf_to_gguf.py --target-model-dir); "

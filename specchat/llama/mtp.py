@@ -28,9 +28,8 @@ import numpy as np
 
 from ..errors import EngineError
 from .engine import LlamaModel
-from .head import CachedHead, Head, model_meta, nextn_calls
+from .head import CachedHead, Head, load_drafter_file, model_meta, nextn_calls
 from .lib import llama_cpp
-from .log import quiet_stderr
 
 
 class MtpHead(CachedHead):
@@ -62,12 +61,8 @@ class AssistantHead(Head):
     (llama.cpp's draft-mtp does the same for shared-memory drafters)."""
 
     def __init__(self, target: LlamaModel, path: Path, *, verbose: bool = False) -> None:
-        mparams = llama_cpp.llama_model_default_params()
-        gpu = target.gpu_layers
-        mparams.n_gpu_layers = 2**31 - 1 if gpu < 0 else gpu
-        with quiet_stderr(not verbose):
-            model = llama_cpp.llama_model_load_from_file(str(path).encode(), mparams)
-        if not model:
+        model = load_drafter_file(target, path, verbose=verbose)
+        if model is None:
             raise EngineError(
                 f"llama.cpp could not load the MTP assistant {path}",
                 "check that it is the assistant GGUF of this model; --verbose shows why",
