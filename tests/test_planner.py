@@ -652,6 +652,9 @@ def test_the_planner_prices_a_token_by_its_row_a_look_ahead_by_its_decode_too_an
     v0 = BIG_V[0]
     c = 0.3 * v0
     planner = AutoPlanner(Costs(list(BIG_V), [c]), [(9.0, 1.0)], rng=np.random.default_rng(1))
+    unsure = 0.05  # a first token proposed at its row's price only: a one-row try
+    for _ in range(12):  # tokens drafted this unsure were seldom right (the confidence curve learns it)
+        planner.confidence[0].observe((unsure,), 0)
     which, _ = planner.plan(16, ["model"])
     assert which == 0
     budget = planner.draft_budget(0)
@@ -662,7 +665,6 @@ def test_the_planner_prices_a_token_by_its_row_a_look_ahead_by_its_decode_too_an
     assert budget.floor_at(0) < budget.ahead_at(0)  # proposing a computed token costs no decode
     assert budget.expect and all(0.0 < e <= 1.0 for e in budget.expect)  # the planned depth's rates
     before = list(planner.acceptance(0, "model").a), list(planner.acceptance(0, "model").b)
-    unsure = 0.05  # a first token proposed at its row's price only: a one-row try
     assert budget.accept_chance(unsure) < budget.ahead_at(0)
     planner.observe(Round("d", 1, 1, 0, 1, BIG_V[1], route="model", proposed=1, confidence=(unsure,)), 0)
     after = planner.acceptance(0, "model")

@@ -128,7 +128,8 @@ class ConfidenceCurve:
 
     def chances(self, rng: np.random.Generator | None = None) -> tuple[float, ...]:
         """The acceptance of a token drafted at each bin's confidence: the posterior means, or with
-        `rng` one draw from each bin's posterior (Thompson sampling).
+        `rng` each bin's mean or one draw from its posterior, whichever is higher (an optimistic
+        Thompson draw).
 
         Why draw: a bin is learned only from tokens that were drafted, and a token is drafted only
         where its bin's chance clears the draft budget's floor. Read at their means, bins whose prior
@@ -136,7 +137,11 @@ class ConfidenceCurve:
         is right far more often than its confidence says when unsure stayed unsure for good: an MTP
         head whose first tokens at a confidence of 0.1-0.4 were accepted over half the time drafted
         in 20 of 64 rounds. A draw tries such a bin now and then, at the price of one verify row
-        when it is wrong."""
+        when it is wrong. Never below the mean, though: a draw under it stopped drafts a bin had
+        earned (a Gemma 4 assistant right two times in three at depth 3 drafted that deep in half
+        the rounds a fixed -k 3 did, 45 verify passes for 128 tokens where 38 did)."""
+        means = tuple(a / (a + b) for a, b in zip(self.a, self.b, strict=True))
         if rng is None:
-            return tuple(a / (a + b) for a, b in zip(self.a, self.b, strict=True))
-        return tuple(float(rng.beta(max(a, 1e-3), max(b, 1e-3))) for a, b in zip(self.a, self.b, strict=True))
+            return means
+        draws = (float(rng.beta(max(a, 1e-3), max(b, 1e-3))) for a, b in zip(self.a, self.b, strict=True))
+        return tuple(max(m, d) for m, d in zip(means, draws, strict=True))
