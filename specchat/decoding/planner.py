@@ -423,7 +423,7 @@ class AutoPlanner:
         # A position deeper in the batch can cost more than the average row (where the curve
         # steepens: past 4 rows on the published GPU and M2 Ultra curves): it is priced at its own,
         # the curve's slope over the FLOOR_WINDOW rows from it, never below the average
-        rows = [v[1] - v[0] if len(v) > 1 else row]
+        rows = [v[1] - v[0]]  # k > 0, so v holds V(1) and V(2) at least
         for i in range(1, len(v) - 1):
             j = min(len(v) - 1, i + FLOOR_WINDOW)
             rows.append(max(row, (v[j] - v[i]) / (j - i)))

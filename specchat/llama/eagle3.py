@@ -31,8 +31,8 @@ from typing import Any
 import numpy as np
 
 from ..errors import EngineError, IncompatiblePair, ModelFileError
-from .engine import LlamaModel
-from .head import CachedHead, load_drafter_file, model_meta
+from .engine import LlamaModel, load_model_file
+from .head import CachedHead, model_meta
 from .lib import llama_cpp
 
 #: the architecture llama.cpp gives EAGLE-3 head files
@@ -162,7 +162,7 @@ class Eagle3Head(CachedHead):
 
     def __init__(self, target: LlamaModel, path: Path, *, verbose: bool = False) -> None:
         calls = _calls()
-        model = load_drafter_file(target, path, verbose=verbose)
+        model = load_model_file(path, target.gpu_layers, verbose=verbose)
         if model is None:
             raise ModelFileError(
                 f"llama.cpp could not load the EAGLE-3 head {path}",

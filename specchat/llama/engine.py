@@ -88,6 +88,22 @@ class SavedState:
         return self.data.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
 
 
+def load_model_file(
+    path: Path, gpu_layers: int, *, verbose: bool, repack: bool = True, load_mtp: bool = False
+) -> object | None:
+    """A GGUF loaded by llama.cpp with `gpu_layers` offloaded (negative: all), repacked weights
+    (`repack`, where the build has them) and its NextN layers (`load_mtp`): a target, or a drafter's
+    own file loaded with its target's offload so both sit on the same device. None where llama.cpp
+    cannot load it; the caller says what the file was meant to be."""
+    mparams = llama_cpp.llama_model_default_params()
+    mparams.n_gpu_layers = 2**31 - 1 if gpu_layers < 0 else gpu_layers
+    if hasattr(mparams, "use_extra_bufts"):
+        mparams.use_extra_bufts = repack
+    mparams.load_mtp = load_mtp
+    with quiet_stderr(not verbose):
+        return llama_cpp.llama_model_load_from_file(str(path).encode(), mparams) or None
+
+
 class LlamaModel(VocabQueries):
     """A loaded GGUF model with its own context (KV cache) and a reusable batch.
 
@@ -100,20 +116,16 @@ class LlamaModel(VocabQueries):
         self.name = name or self.path.name
         set_verbose(opts.verbose)
         llama_cpp.llama_backend_init()
-        mparams = llama_cpp.llama_model_default_params()
         gpu_layers = opts.gpu_layers
         if gpu_layers is None:
             gpu_layers = -1 if supports_gpu_offload() else 0
-        mparams.n_gpu_layers = 2**31 - 1 if gpu_layers < 0 else gpu_layers
-        if hasattr(mparams, "use_extra_bufts"):
-            mparams.use_extra_bufts = opts.repack
-        mparams.load_mtp = opts.load_mtp
         self.gpu_layers = gpu_layers
         self.repack = opts.repack
         self.type_v = opts.type_v
-        with quiet_stderr(not opts.verbose):
-            model = llama_cpp.llama_model_load_from_file(str(self.path).encode(), mparams)
-        if not model:
+        model = load_model_file(
+            self.path, gpu_layers, verbose=opts.verbose, repack=opts.repack, load_mtp=opts.load_mtp
+        )
+        if model is None:
             raise ModelFileError(
                 f"llama.cpp could not load {self.path}",
                 "check that it is a complete GGUF file of a supported architecture; --verbose shows why",

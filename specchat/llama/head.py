@@ -26,7 +26,6 @@ import contextlib
 import ctypes
 import itertools
 from collections.abc import Sequence
-from pathlib import Path
 from types import ModuleType
 
 import numpy as np
@@ -55,16 +54,6 @@ def model_meta(model: object, key: str) -> str | None:
     buf = ctypes.create_string_buffer(256)
     n = llama_cpp.llama_model_meta_val_str(model, key.encode(), buf, len(buf))
     return buf.value.decode("utf-8", errors="replace") if n >= 0 else None
-
-
-def load_drafter_file(target: LlamaModel, path: Path, *, verbose: bool) -> object | None:
-    """A drafter's own GGUF (an assistant, an EAGLE-3 head) loaded with the target's GPU layers, so
-    both sit on the same device; None where llama.cpp cannot load it (the caller says what it was)."""
-    mparams = llama_cpp.llama_model_default_params()
-    gpu = target.gpu_layers
-    mparams.n_gpu_layers = 2**31 - 1 if gpu < 0 else gpu
-    with quiet_stderr(not verbose):
-        return llama_cpp.llama_model_load_from_file(str(path).encode(), mparams) or None
 
 
 class Head:

@@ -27,8 +27,8 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import EngineError
-from .engine import LlamaModel
-from .head import CachedHead, Head, load_drafter_file, model_meta, nextn_calls
+from .engine import LlamaModel, load_model_file
+from .head import CachedHead, Head, model_meta, nextn_calls
 from .lib import llama_cpp
 
 
@@ -61,7 +61,7 @@ class AssistantHead(Head):
     (llama.cpp's draft-mtp does the same for shared-memory drafters)."""
 
     def __init__(self, target: LlamaModel, path: Path, *, verbose: bool = False) -> None:
-        model = load_drafter_file(target, path, verbose=verbose)
+        model = load_model_file(path, target.gpu_layers, verbose=verbose)
         if model is None:
             raise EngineError(
                 f"llama.cpp could not load the MTP assistant {path}",
