@@ -210,6 +210,10 @@ def test_a_cached_curve_measured_on_a_busy_machine_is_measured_again(tmp_path, m
     from specchat.decoding import calibration
 
     monkeypatch.setenv("SPECCHAT_HOME", str(tmp_path))
+    # the idle machine's timings, fixed: measured live, a hiccup during the test read as a busy curve
+    monkeypatch.setattr(
+        calibration, "time_verify", lambda model, n, **kw: ([1e-5 * (i + 1) for i in range(n)], 0.05)
+    )
     t = FakeModel(n_vocab=32)
     calibrate(t, [None], k_max=4)
     cache = json.loads((tmp_path / "calibration.json").read_text())
@@ -646,6 +650,30 @@ def test_a_computed_draft_token_is_proposed_when_its_verify_row_pays_and_no_deco
     out = drafter.propose(ctx, 8, SamplingParams(), rng, budget=worth_a_look)
     assert len(out.tokens) == 2  # 0.5 x 0.9 >= 0.4: looked at; 0.25 >= 0.2: proposed
     assert DraftBudget(floor=0.3).ahead_at(2) == 0.3  # nothing given: the propose floor decides
+    calls = len(model.decode_calls)
+    hopeful = DraftBudget(floor=0.2, chance=(0.9,), sure=(0.3,), ahead=(0.2, 0.4), expect=(1.0, 1.0))
+    out = drafter.propose(ctx, 8, SamplingParams(), rng, budget=hopeful)
+    # a hopeful reading proposes the computed token, but the draft decode past it is decided at the
+    # bins' means: 0.3 < 0.4
+    assert len(out.tokens) == 1 and model.decode_calls[calls:] == [(1, 1)]
+
+
+def test_the_draft_budget_proposes_on_a_draw_but_looks_ahead_at_the_means():
+    """A bin read at a posterior draw above its mean may have a token proposed (a verify row); the
+    draft decode for the next position is decided at the mean, so exploring costs no decodes."""
+    planner = AutoPlanner(Costs(list(BIG_V), [0.3 * BIG_V[0]]), [(9.0, 1.0)], rng=np.random.default_rng(5))
+    for _ in range(3):  # a thin bin: its draws spread well above its mean
+        planner.confidence[0].observe((0.35,), 0)
+    means = planner.confidence[0].chances(None)
+    above = 0
+    for _ in range(20):
+        planner.plan(16, ["model"])
+        budget = planner.draft_budget(0)
+        assert budget is not None and budget.sure == means
+        assert all(c >= m for c, m in zip(budget.chance, budget.sure, strict=True))
+        assert budget.sure_chance(0.35) == means[3]
+        above += budget.accept_chance(0.35) > means[3]
+    assert above > 0  # the proposing side does explore
 
 
 def test_the_planner_prices_a_token_by_its_row_a_look_ahead_by_its_decode_too_and_keeps_tries_out():

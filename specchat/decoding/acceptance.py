@@ -139,7 +139,8 @@ class ConfidenceCurve:
         in 20 of 64 rounds. A draw tries such a bin now and then, at the price of one verify row
         when it is wrong. Never below the mean, though: a draw under it stopped drafts a bin had
         earned (a Gemma 4 assistant right two times in three at depth 3 drafted that deep in half
-        the rounds a fixed -k 3 did, 45 verify passes for 128 tokens where 38 did)."""
+        the rounds a fixed -k 3 did, 45 verify passes for 128 tokens where 38 did). Only proposing
+        reads a draw; a draft decode is decided at the means (DraftBudget.sure)."""
         means = tuple(a / (a + b) for a, b in zip(self.a, self.b, strict=True))
         if rng is None:
             return means

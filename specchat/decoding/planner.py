@@ -430,6 +430,7 @@ class AutoPlanner:
         self._budget = DraftBudget(
             floor=min(FLOOR_MAX, speed * row),
             chance=self.confidence[drafter].chances(self.rng if self.explore else None),
+            sure=self.confidence[drafter].chances(None),
             floors=tuple(min(FLOOR_MAX, speed * r) for r in rows),
             ahead=tuple(min(FLOOR_MAX, speed * (c + r)) for r in rows),
             expect=tuple(self._last_rates),
@@ -482,7 +483,7 @@ def _full_tokens(budget: DraftBudget, confidence: Sequence[float]) -> int:
     verify row (DraftBudget.ahead_at): the rest were cheap one-row tries."""
     reach = 1.0
     for i, conf in enumerate(confidence):
-        reach *= budget.accept_chance(conf)
+        reach *= budget.sure_chance(conf)
         if reach < budget.ahead_at(i):
             return i
     return len(confidence)

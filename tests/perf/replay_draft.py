@@ -114,7 +114,7 @@ class ReplayDraftModel:
         lag = self.lag(context)
         i = len(context) - self.n_prompt  # the output position of the first draft
         out = Proposal()
-        reach, on_track, decodes = 1.0, True, 0
+        reach, sure, on_track, decodes = 1.0, 1.0, True, 0
         for j in range(k):
             p = i + j
             if p >= len(self.output):
@@ -124,6 +124,7 @@ class ReplayDraftModel:
             conf = self.trace.conf[p]
             if budget is not None:
                 reach *= budget.accept_chance(conf)
+                sure *= budget.sure_chance(conf)
             if conf < self.p_min:
                 break
             if budget is not None and reach < budget.floor_at(j):
@@ -132,7 +133,7 @@ class ReplayDraftModel:
             out.tokens.append(self.output[p] if right else (self.output[p] + 1) % self.n_vocab)
             out.confidence.append(conf)
             on_track = right
-            if budget is not None and not budget.looks_ahead(reach, j + 1):
+            if budget is not None and not budget.looks_ahead(sure, j + 1):
                 break  # as ModelDrafter: the next position is not worth a draft decode
         # its cache now holds the context and every draft but the last (ModelDrafter decodes those)
         self._cache = [*context, *out.tokens[:-1]]
