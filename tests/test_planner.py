@@ -487,7 +487,7 @@ def simulate_draft_model(
         budget, reach, confs = planner.draft_budget(0), 1.0, []
         while len(confs) < k:
             conf = float(np.clip(rng.normal(accept, 0.08), 0.05, 1.0))
-            reach *= budget.accept_chance(conf) if budget else conf
+            reach *= budget.accept_chance(conf, len(confs)) if budget else conf
             if budget is not None and reach < budget.floor:
                 break
             confs.append(conf)
@@ -604,7 +604,7 @@ def test_the_draft_budget_learns_how_often_unsure_draft_tokens_are_right():
         )
     planner.plan(16, ["model"])
     budget = planner.draft_budget(0)
-    assert budget is not None and budget.accept_chance(0.45) > 0.85
+    assert budget is not None and min(budget.accept_chance(0.45, i) for i in (0, 1, 5)) > 0.85
     assert 0.0 < budget.floor <= 0.9
 
 
@@ -637,25 +637,41 @@ def test_a_computed_draft_token_is_proposed_when_its_verify_row_pays_and_no_deco
     drafter = ModelDrafter(model, p_min=0.0)
     ctx = [1, 2, 3]
     rng = np.random.default_rng(0)
-    strict = DraftBudget(floor=0.9, chance=(0.5,))  # every token's chance 0.5: below the floor
+    strict = DraftBudget(floor=0.9, chance=((0.5,),))  # every token's chance 0.5: below the floor
     assert drafter.propose(ctx, 8, SamplingParams(), rng, budget=strict).tokens == []
     calls = len(model.decode_calls)
-    cheap_row = DraftBudget(floor=0.9, chance=(0.5,), floors=(0.4,), ahead=(0.9, 0.9), expect=(1.0, 1.0))
+    cheap_row = DraftBudget(floor=0.9, chance=((0.5,),), floors=(0.4,), ahead=(0.9, 0.9), expect=(1.0, 1.0))
     out = drafter.propose(ctx, 8, SamplingParams(), rng, budget=cheap_row)
     assert len(out.tokens) == 1 and out.confidence
     # one decode, the catch-up that gave the first token's distribution; none for the token itself
     assert model.decode_calls[calls:] == [(1, 1)]
     calls = len(model.decode_calls)
-    worth_a_look = DraftBudget(floor=0.2, chance=(0.5,), ahead=(0.2, 0.4), expect=(1.0, 0.9))
+    worth_a_look = DraftBudget(floor=0.2, chance=((0.5,),), ahead=(0.2, 0.4), expect=(1.0, 0.9))
     out = drafter.propose(ctx, 8, SamplingParams(), rng, budget=worth_a_look)
     assert len(out.tokens) == 2  # 0.5 x 0.9 >= 0.4: looked at; 0.25 >= 0.2: proposed
     assert DraftBudget(floor=0.3).ahead_at(2) == 0.3  # nothing given: the propose floor decides
     calls = len(model.decode_calls)
-    hopeful = DraftBudget(floor=0.2, chance=(0.9,), sure=(0.3,), ahead=(0.2, 0.4), expect=(1.0, 1.0))
+    hopeful = DraftBudget(floor=0.2, chance=((0.9,),), sure=((0.3,),), ahead=(0.2, 0.4), expect=(1.0, 1.0))
     out = drafter.propose(ctx, 8, SamplingParams(), rng, budget=hopeful)
     # a hopeful reading proposes the computed token, but the draft decode past it is decided at the
     # bins' means: 0.3 < 0.4
     assert len(out.tokens) == 1 and model.decode_calls[calls:] == [(1, 1)]
+
+
+def test_the_first_draft_position_learns_its_own_confidence_curve():
+    """A head drafts its first token from the target's own state and the rest from its guesses: the
+    same confidence is worth more there (Gemma 4's assistant: unsure first tokens right 13 times in
+    15, unsure later ones 16 in 32), so the first position keeps a curve of its own."""
+    planner = AutoPlanner(Costs(list(BIG_V), [0.2 * BIG_V[0]]), [(4.0, 2.0)], explore=False)
+    for _ in range(60):  # unsure first tokens always right, the unsure second ones never
+        planner.observe(
+            Round("d", 2, 2, 1, 2, BIG_V[2], route="model", proposed=2, confidence=(0.05, 0.05)), 0
+        )
+    planner.plan(16, ["model"])
+    budget = planner.draft_budget(0)
+    assert budget is not None
+    assert budget.accept_chance(0.05, 0) > 0.9 and budget.accept_chance(0.05, 1) < 0.1
+    assert budget.accept_chance(0.05, 7) == budget.accept_chance(0.05, 1)  # every later position
 
 
 def test_the_draft_budget_proposes_on_a_draw_but_looks_ahead_at_the_means():
@@ -670,9 +686,10 @@ def test_the_draft_budget_proposes_on_a_draw_but_looks_ahead_at_the_means():
         planner.plan(16, ["model"])
         budget = planner.draft_budget(0)
         assert budget is not None and budget.sure == means
-        assert all(c >= m for c, m in zip(budget.chance, budget.sure, strict=True))
-        assert budget.sure_chance(0.35) == means[3]
-        above += budget.accept_chance(0.35) > means[3]
+        pairs = zip(budget.chance[0], budget.sure[0], strict=True)
+        assert all(c >= m for c, m in pairs)
+        assert budget.sure_chance(0.35, 0) == means[0][3]
+        above += budget.accept_chance(0.35, 0) > means[0][3]
     assert above > 0  # the proposing side does explore
 
 
@@ -693,7 +710,7 @@ def test_the_planner_prices_a_token_by_its_row_a_look_ahead_by_its_decode_too_an
     assert budget.floor_at(0) < budget.ahead_at(0)  # proposing a computed token costs no decode
     assert budget.expect and all(0.0 < e <= 1.0 for e in budget.expect)  # the planned depth's rates
     before = list(planner.acceptance(0, "model").a), list(planner.acceptance(0, "model").b)
-    assert budget.accept_chance(unsure) < budget.ahead_at(0)
+    assert budget.accept_chance(unsure, 0) < budget.ahead_at(0)
     planner.observe(Round("d", 1, 1, 0, 1, BIG_V[1], route="model", proposed=1, confidence=(unsure,)), 0)
     after = planner.acceptance(0, "model")
     assert (after.a, after.b) == before  # the per-depth rates plan() chooses by are not pulled down
@@ -751,6 +768,7 @@ def test_deep_draft_positions_are_priced_at_their_own_rows_where_the_curve_steep
     from specchat.decoding.sampling import SamplingParams
 
     drafter = ModelDrafter(FakeModel(n_vocab=16, seed=3), p_min=0.0)
-    each = DraftBudget(floor=0.0, chance=(0.9,), floors=(0.0, 0.0, 0.8), ahead=(0.0,) * 4)  # 0.9, 0.81, 0.73
+    # chances so far: 0.9, 0.81, 0.73
+    each = DraftBudget(floor=0.0, chance=((0.9,),), floors=(0.0, 0.0, 0.8), ahead=(0.0,) * 4)
     out = drafter.propose([1, 2, 3], 8, SamplingParams(), np.random.default_rng(0), budget=each)
     assert len(out.tokens) == 2

@@ -48,10 +48,11 @@ class DraftBudget:
     too many every round, the one whose token it then declined: 12 of 41 ms of an MTP head's
     rounds.)
 
-    `chance[i]` is the measured acceptance of tokens drafted with a confidence in the i-th of
-    len(chance) equal bins: a draft model's top probability is a ranking, not a probability (a 0.5B
-    draft of its own family is right far more often than it says when unsure), so the planner
-    learns the map from what the verifier accepted. Empty: take the confidence at its word.
+    `chance[d][i]` is the measured acceptance of tokens drafted at position d (the last entry: every
+    later position) with a confidence in the i-th of len(chance[d]) equal bins: a draft model's top
+    probability is a ranking, not a probability (a 0.5B draft of its own family is right far more
+    often than it says when unsure), so the planner learns the map from what the verifier accepted.
+    Empty: take the confidence at its word.
 
     `chance` may be read optimistically (a bin is learned only from tokens that were proposed, so
     an unsure bin has to be tried now and then: ConfidenceCurve.chances); a try costs a verify row.
@@ -62,9 +63,10 @@ class DraftBudget:
 
     #: the propose threshold at positions past `floors`
     floor: float = 0.0
-    chance: tuple[float, ...] = ()
-    #: per confidence bin: its measured acceptance at the posterior mean (empty: `chance`)
-    sure: tuple[float, ...] = ()
+    #: per draft position (the last entry for every position past it), per confidence bin
+    chance: tuple[tuple[float, ...], ...] = ()
+    #: the same at the bins' posterior means (empty: `chance`)
+    sure: tuple[tuple[float, ...], ...] = ()
     #: per draft position: propose while the chance the draft so far is accepted is at least this
     #: (what its verify row is worth at the round's planned speed)
     floors: tuple[float, ...] = ()
@@ -88,19 +90,21 @@ class DraftBudget:
         """Whether position i is worth a draft decode after a draft accepted with chance `reach`."""
         return reach * self.expect_at(i) >= self.ahead_at(i)
 
-    def accept_chance(self, confidence: float) -> float:
-        """The chance a token drafted at this confidence is accepted, as proposing reads it."""
-        return _binned(self.chance, confidence)
+    def accept_chance(self, confidence: float, i: int) -> float:
+        """The chance a token drafted at position i with this confidence is accepted (its
+        predecessors accepted), as proposing reads it."""
+        return _binned(self.chance, confidence, i)
 
-    def sure_chance(self, confidence: float) -> float:
+    def sure_chance(self, confidence: float, i: int) -> float:
         """The same chance at the bins' means, as deciding a draft decode reads it."""
-        return _binned(self.sure, confidence) if self.sure else self.accept_chance(confidence)
+        return _binned(self.sure or self.chance, confidence, i)
 
 
-def _binned(chances: tuple[float, ...], confidence: float) -> float:
+def _binned(chances: tuple[tuple[float, ...], ...], confidence: float, i: int) -> float:
     if not chances:
         return confidence
-    return chances[min(len(chances) - 1, int(confidence * len(chances)))]
+    bins = chances[min(i, len(chances) - 1)]
+    return bins[min(len(bins) - 1, int(confidence * len(bins)))]
 
 
 class Drafter(Protocol):
@@ -239,8 +243,8 @@ class ModelDrafter:
                 tok = sample(q, rng)
                 conf = float(q.max())
             if budget is not None:
-                reach *= budget.accept_chance(conf)
-                sure *= budget.sure_chance(conf)
+                reach *= budget.accept_chance(conf, i)
+                sure *= budget.sure_chance(conf, i)
             if conf < self.p_min:
                 break
             if budget is not None and reach < budget.floor_at(i):

@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from .acceptance import Acceptance, ConfidenceCurve
+from .acceptance import Acceptance, ConfidenceByDepth
 from .calibration import K_MAX, Costs, calibrate
 from .drafters import DraftBudget, Drafter
 from .events import Round, Stats
@@ -199,7 +199,7 @@ class AutoPlanner:
         self._budget: DraftBudget | None = None  # the last draft budget handed out
         self._last_rates: list[float] = []  # the chosen drafter's acceptance by depth, this round
         #: per drafter, acceptance by draft confidence (only drafters that report one fill theirs)
-        self.confidence = [ConfidenceCurve(start=a / (a + b)) for a, b in self.priors]
+        self.confidence = [ConfidenceByDepth(start=a / (a + b)) for a, b in self.priors]
         #: tokens an answer runs (running estimate), and the count of the one under way
         self.answer_tokens = ANSWER_PRIOR
         self._generated, self._answer_open = 0, False
@@ -483,7 +483,7 @@ def _full_tokens(budget: DraftBudget, confidence: Sequence[float]) -> int:
     verify row (DraftBudget.ahead_at): the rest were cheap one-row tries."""
     reach = 1.0
     for i, conf in enumerate(confidence):
-        reach *= budget.sure_chance(conf)
+        reach *= budget.sure_chance(conf, i)
         if reach < budget.ahead_at(i):
             return i
     return len(confidence)

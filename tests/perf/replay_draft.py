@@ -123,8 +123,8 @@ class ReplayDraftModel:
                 decodes += 1  # the previous draft decoded, for this one's distribution
             conf = self.trace.conf[p]
             if budget is not None:
-                reach *= budget.accept_chance(conf)
-                sure *= budget.sure_chance(conf)
+                reach *= budget.accept_chance(conf, j)
+                sure *= budget.sure_chance(conf, j)
             if conf < self.p_min:
                 break
             if budget is not None and reach < budget.floor_at(j):
