@@ -772,3 +772,34 @@ def test_deep_draft_positions_are_priced_at_their_own_rows_where_the_curve_steep
     each = DraftBudget(floor=0.0, chance=((0.9,),), floors=(0.0, 0.0, 0.8), ahead=(0.0,) * 4)
     out = drafter.propose([1, 2, 3], 8, SamplingParams(), np.random.default_rng(0), budget=each)
     assert len(out.tokens) == 2
+
+
+def test_a_draft_models_step_cost_is_learned_per_decode_not_per_proposed_token():
+    """The first token of a round comes with the catch-up decode; the draft decodes after it are
+    what a further token costs. Divided by the tokens proposed, an MTP head's 28 ms step was learned
+    as 6.6 ms within one answer of mostly one-token drafts, and deep drafts looked cheap."""
+    step = 0.028
+    planner = AutoPlanner(Costs(list(BIG_V), [step]), [(4.0, 2.0)], explore=False)
+    for _ in range(40):  # one-token drafts: the catch-up paid for the only token, no decode after it
+        planner.observe(
+            Round("mtp", 1, 1, 1, 2, BIG_V[1] + step, draft_seconds=step + 1e-4, route="model",
+                  proposed=1, catch_up_seconds=step, draft_decodes=0),
+            0,
+        )  # fmt: skip
+    assert planner.costs.draft[0] == pytest.approx(step)
+    for _ in range(40):  # three-token drafts: two decodes after the catch-up
+        planner.observe(
+            Round("mtp", 3, 3, 3, 4, BIG_V[3] + 3 * step, draft_seconds=3 * step, route="model",
+                  proposed=3, catch_up_seconds=step, draft_decodes=2),
+            0,
+        )  # fmt: skip
+    assert planner.costs.draft[0] == pytest.approx(step, rel=0.01)
+
+
+def test_a_model_drafter_counts_its_decodes_after_the_catch_up():
+    from specchat.decoding.drafters import ModelDrafter
+    from specchat.decoding.sampling import SamplingParams
+
+    drafter = ModelDrafter(FakeModel(n_vocab=16, seed=3), p_min=0.0)
+    out = drafter.propose([1, 2, 3], 4, SamplingParams(), np.random.default_rng(0))
+    assert len(out.tokens) == 4 and out.decodes == 3  # the last proposed token is never decoded

@@ -33,6 +33,9 @@ class Proposal:
     catch_up_seconds: float = 0.0
     #: the drafter's confidence in each token (its top probability), where it has one
     confidence: list[float] = field(default_factory=list)
+    #: one-token draft decodes after the catch-up (which gave the first token's distribution): what
+    #: a draft model's cost per token is learned from (a round of one token has none)
+    decodes: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,6 +261,7 @@ class ModelDrafter:
             if budget is not None and not budget.looks_ahead(sure, i + 1):
                 break  # the next position is not worth a draft decode
             logits = self._model.decode([tok], [0])[0]
+            out.decodes += 1
         out.seconds = time.perf_counter() - start
         return out
 

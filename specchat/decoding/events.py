@@ -81,6 +81,9 @@ class Round:
     route: str | None = None  # the drafter's context class this round (Drafter.route)
     proposed: int | None = None  # draft tokens in the verify batch (None: `drafted`); batch = this + 1
     catch_up_seconds: float = 0.0  # part of draft_seconds spent catching the draft's cache up
+    #: one-token draft decodes the rest of draft_seconds paid for (Proposal.decodes; None: one per
+    #: proposed token)
+    draft_decodes: int | None = None
     confidence: tuple[float, ...] = ()  # the drafter's confidence in each judged draft token
     margin_rows: int = 0  # rows judged with the tie margin (a near-tie there stopped the walk)
     #: rows that decided a token this round, and how many of them had a top-2 gap within the tie

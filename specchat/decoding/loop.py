@@ -380,6 +380,7 @@ def generate(
                 route=routes[which] if drafter is not None and which is not None else None,
                 proposed=n_draft,
                 catch_up_seconds=proposal.catch_up_seconds,
+                draft_decodes=proposal.decodes,
                 confidence=tuple(proposal.confidence[:judged]),
                 margin_rows=(judged + (not recheck)) if m > 0.0 else 0,
                 gap_rows=gap_rows,

@@ -473,8 +473,13 @@ class AutoPlanner:
         # a perfect draft stops paying, as it does for a draft model that stops itself (on a chat
         # revision, default pair, this CPU: n-gram rounds of 14-15 drafts breaking after 0-2
         # tokens, 0.85x plain; 1.22x and 0.99x in two in-process runs once fixed)
-        if self.learn_costs and proposed > 0 and drafting > 0 and self.costs.draft[drafter] > 0.0:
-            per = drafting / proposed
+        # per one-token decode: the first token's distribution came with the catch-up, so dividing by
+        # the tokens proposed read a step as a fraction of its cost (an MTP head's 28 ms step was
+        # learned as 6.6 ms within one answer of mostly one-token drafts, and looked worth taking
+        # deep: 0.94x a fixed -k 1)
+        steps = proposed if rnd.draft_decodes is None else rnd.draft_decodes
+        if self.learn_costs and steps > 0 and drafting > 0 and self.costs.draft[drafter] > 0.0:
+            per = drafting / steps
             self.costs.draft[drafter] += EMA * (per - self.costs.draft[drafter])
 
 

@@ -140,6 +140,7 @@ class ReplayDraftModel:
         if lag > 0:
             out.catch_up_seconds = self.draft * self.batch[min(lag, len(self.batch)) - 1]
         out.seconds = out.catch_up_seconds + decodes * self.draft
+        out.decodes = decodes
         return out
 
 
