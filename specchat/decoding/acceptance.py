@@ -122,12 +122,8 @@ class ConfidenceCurve:
             self.a = [CONFIDENCE_PRIOR * m for m in mids]
             self.b = [CONFIDENCE_PRIOR * (1.0 - m) for m in mids]
 
-    def observe(self, confidence: Sequence[float], accepted: int) -> None:
-        """`confidence`: the judged draft tokens' confidences in order; the first `accepted` passed."""
-        for j, conf in enumerate(confidence):
-            self.observe_one(conf, j < accepted)
-
     def observe_one(self, confidence: float, passed: bool) -> None:
+        """One judged draft token (ConfidenceByDepth.observe says which curve it belongs to)."""
         i = min(self.bins - 1, int(confidence * self.bins))
         self.a[i] = self.a[i] * CONFIDENCE_DECAY + passed
         self.b[i] = self.b[i] * CONFIDENCE_DECAY + (not passed)
@@ -163,8 +159,8 @@ class ConfidenceByDepth:
     confidence means different things in the two. Of Gemma 4's assistant's tokens drafted at a
     confidence under 0.3, the first of a round were accepted 13 times in 15 and later ones 16 in 32;
     pooled, its lowest bin read 0.4, and the planner stopped after such first tokens, 8% behind a
-    fixed -k 3. Each curve holds
-    tokens whose predecessors in the draft were all accepted, so a draft's chances multiply."""
+    fixed -k 3. Each curve holds tokens whose predecessors in the draft were all accepted, so a
+    draft's chances multiply."""
 
     start: float = 0.0
     curves: list[ConfidenceCurve] = field(default_factory=list)
