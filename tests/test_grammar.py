@@ -459,3 +459,55 @@ def test_real_pair_json_schema_output_validates_and_equals_the_target_alone(real
     assert valid(json.loads(text), ADA)
     assert text == plain.choices[0].message.content
     assert spec["accepted"] > 0 and spec["accepted"] <= spec["drafted"]
+
+
+def _walk_lengths(target, schema: Mapping[str, Any], n: int) -> list[tuple[bool, bool]]:
+    """Walk the schema's grammar through a string of i "a"s, or an array of i 1s, for i in 0..n: at
+    each i, whether one more may come and whether the string or array may close (as llama.cpp's
+    grammar decides, token by token)."""
+    grammar = compile_grammar(target, GrammarSpec("json_schema", schema=schema))
+    state = grammar.start()
+    tok = {c: target.tokenize(c, add_special=False)[0] for c in ('"', "a", "[", "]", ",", "1")}
+    array = schema.get("type") == "array"
+    opening, item, close = ("[", "1", "]") if array else ('"', "a", '"')
+    state.accept(tok[opening])
+    out: list[tuple[bool, bool]] = []
+    for i in range(n + 1):
+        more = tok["," if array and i else item]  # an array's next item starts with a comma
+        go_on, end = (bool(b) for b in state.allowed(np.array([more, tok[close]], dtype=np.int32)))
+        out.append((go_on, end))
+        if not go_on:
+            break
+        if array and i:
+            state.accept(tok[","])
+        state.accept(tok[item])
+    state.close()
+    grammar.close()
+    return out
+
+
+@pytest.mark.parametrize(
+    ("lo", "hi"), [(0, 7), (3, 2000), (0, 2500), (1999, 4100), (2500, 2600), (3000, None), (0, None)]
+)
+def test_string_lengths_past_llama_cpps_repetition_limit_are_enforced_exactly(tiny_engine, lo, hi):
+    """maxLength/minLength are written as {m,n} repetitions, blocks of 1,000 past llama.cpp's 2,000
+    (llama/schema_gbnf.py): every length in [lo, hi] may close the string, no other; the grammar
+    text stays small and shallow whatever the bound."""
+    schema: dict[str, Any] = {"type": "string", "minLength": lo}
+    if hi is not None:
+        schema["maxLength"] = hi
+    gbnf = gbnf_for(GrammarSpec("json_schema", schema=schema))
+    assert len(gbnf) < 2000 and gbnf.count("(") < 20
+    walk = _walk_lengths(tiny_engine.target, schema, (hi if hi is not None else lo + 50) + 1)
+    for i, (go_on, end) in enumerate(walk):
+        assert end == (i >= lo and (hi is None or i <= hi)), i
+        assert go_on == (hi is None or i < hi), i
+    assert len(walk) == (hi + 1 if hi is not None else lo + 52)
+
+
+def test_array_item_counts_past_llama_cpps_repetition_limit_are_enforced_exactly(tiny_engine):
+    schema = {"type": "array", "items": {"type": "integer"}, "minItems": 1500, "maxItems": 3200}
+    walk = _walk_lengths(tiny_engine.target, schema, 3300)
+    for i, (go_on, end) in enumerate(walk):
+        assert end == (1500 <= i <= 3200) and go_on == (i < 3200), i
+    assert len(walk) == 3201  # after the 3,200th item no comma: the array may only close

@@ -10,8 +10,9 @@ whole vocabulary, with no Python loop over 152k tokens. `llama_sampler_accept` a
 Never accept a token the grammar forbids: llama.cpp throws a C++ exception there (or aborts, for an
 end-of-generation token), which ends the process; `GrammarState.accept` checks first.
 
-JSON schemas go through llama-cpp-python's converter (`json_schema_to_gbnf`, the port of llama.cpp's
-json-schema-to-grammar); `json_object` uses its `JSON_GBNF` (any JSON object). The converter quietly
+JSON schemas go through llama-cpp-python's converter (the port of llama.cpp's json-schema-to-grammar,
+with lengths and item counts written as `{m,n}` repetitions: schema_gbnf.py); `json_object` uses its
+`JSON_GBNF` (any JSON object). Both are bounded first (decoding/bounds.py). The converter quietly
 ignores keywords it cannot express (number bounds, `not`, `uniqueItems`...), which would let output
 through that the schema forbids, so `check_schema` refuses those first, naming the keyword and where.
 
@@ -25,18 +26,19 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import json
 import os
 import tempfile
 from collections.abc import Iterator, Mapping
 
 import llama_cpp
 import numpy as np
-from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
+from llama_cpp.llama_grammar import JSON_GBNF
 
+from ..decoding.bounds import TooLarge, check_gbnf_bounds, check_schema_bounds
 from ..decoding.constraint import GrammarSpec
 from ..errors import BadInput
 from .engine import LlamaModel
+from .schema_gbnf import schema_to_gbnf
 
 #: numpy's view of llama.cpp's `llama_token_data` (checked against ctypes at import)
 TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
@@ -122,6 +124,10 @@ class Grammar(_OwnsSampler):
         self._sampler: int | None = None
         if not gbnf.strip():
             raise BadInput("the grammar is empty")
+        try:  # llama.cpp's parser recurses per group and writes repetitions out: bound both first
+            check_gbnf_bounds(gbnf)
+        except TooLarge as exc:
+            raise BadInput(exc.message) from None
         vocab = model._vocab  # same package: the grammar reads token texts from the model's vocab
         with _stderr_captured() as said:
             sampler = llama_cpp.llama_sampler_init_grammar(vocab, gbnf.encode(), b"root")
@@ -173,9 +179,13 @@ def gbnf_for(spec: GrammarSpec) -> str:
     if spec.kind == "json_object":
         return JSON_GBNF
     schema = spec.schema if spec.schema is not None else {}
+    try:  # the converter recurses and writes every repetition out: bound what it is given first
+        check_schema_bounds(schema)
+    except TooLarge as exc:
+        raise BadInput(f"{exc.message} (at {exc.where})" if exc.where else exc.message) from None
     check_schema(schema)
     try:
-        gbnf = json_schema_to_gbnf(json.dumps(schema))
+        gbnf = schema_to_gbnf(schema)
     except RecursionError:
         raise BadInput("the JSON schema nests too deeply (or refers to itself without end)") from None
     except (AssertionError, ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:

@@ -13,6 +13,11 @@ field then, before the response starts (server/worker.py). What is accepted:
 * `json_schema: {...}` (llama-server): that schema; `grammar: "..."` (llama-server): GBNF text.
 
 At most one of them may constrain a request (as llama-server: "either json_schema or grammar").
+
+Whatever constrains a request (these fields, or tool parameters under `tool_choice`) then passes
+`check_spec` before the request is queued: decoding/bounds.py's limits on size, nesting and
+repetitions, and for a schema the JSON-schema meta-schema (the `jsonschema` package), so nothing
+unbounded or malformed reaches llama-cpp-python's converter or llama.cpp's parser.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ..decoding.bounds import TooLarge, check_gbnf_bounds, check_schema_bounds
 from ..decoding.constraint import GrammarSpec
 from .fields import json_kind
 
@@ -46,6 +52,46 @@ def grammar_spec(body: Mapping[str, Any]) -> GrammarSpec | None:
             param=specs[1].param,
         )
     return specs[0] if specs else None
+
+
+def check_spec(spec: GrammarSpec | None) -> None:
+    """Refuse a constraint over the bounds, or a schema that is not a JSON schema (BadFormat naming
+    the field it came from)."""
+    if spec is None:
+        return
+    try:
+        if spec.kind == "gbnf":
+            check_gbnf_bounds(spec.text)
+        elif spec.schema is not None:
+            check_schema_bounds(spec.schema)
+            _check_meta(spec.schema, spec.param)
+    except TooLarge as exc:
+        at = f" (at {exc.where})" if exc.where else ""
+        raise BadFormat(f"{spec.param}: {exc.message}{at}", param=spec.param) from None
+
+
+def _check_meta(schema: Mapping[str, Any], param: str) -> None:
+    """The schema against its draft's meta-schema, so that a `maxLength` that is not a count, a
+    `type` that does not exist or a `required` that is not a list is a clear 400 rather than a
+    failure deep inside the converter. A schema that names no draft (`$schema`) may be written to
+    2020-12 or to draft 7 (`items` as a list, as OpenAI's and llama-server's examples still are):
+    either passes."""
+    from jsonschema.exceptions import SchemaError
+    from jsonschema.validators import Draft7Validator, Draft202012Validator, validator_for
+
+    drafts = [validator_for(schema)] if "$schema" in schema else [Draft202012Validator, Draft7Validator]
+    first: SchemaError | None = None
+    for draft in drafts:
+        try:
+            draft.check_schema(schema)
+            return
+        except SchemaError as exc:
+            first = first or exc
+    assert first is not None
+    where = ".".join(str(p) for p in first.absolute_path)
+    at = f" at {where}" if where else ""
+    why = first.message if len(first.message) <= 200 else first.message[:200] + "…"
+    raise BadFormat(f"{param} is not a valid JSON schema{at}: {why}", param=param)
 
 
 def _response_format(value: object) -> GrammarSpec | None:
