@@ -119,7 +119,8 @@ def test_bad_tokenizer_input_is_a_400_naming_the_field(tiny_url, path, body, par
 
 
 def test_not_json_is_a_400(tiny_url):
-    r = httpx.post(base(tiny_url) + "/tokenize", content=b"{nope", timeout=10)
+    json_type = {"Content-Type": "application/json"}
+    r = httpx.post(base(tiny_url) + "/tokenize", content=b"{nope", headers=json_type, timeout=10)
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
 
 

@@ -14,6 +14,7 @@ import signal
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -48,9 +49,11 @@ from .options import (
 if TYPE_CHECKING:
     from ..models.loader import Loaded
     from ..server.app import ServerThread
+    from ..server.guard import HostPolicy
     from ..server.worker import Worker
 
 DEFAULT_PORT = 8080
+MIB = 1 << 20
 AUTH_EXAMPLE = "Authorization: Bearer $SPECCHAT_API_KEY"
 
 
@@ -98,6 +101,27 @@ def serve(
             show_default=False,
         ),
     ] = None,
+    allowed_host: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--allowed-host",
+            metavar="NAME",
+            help="Another Host name to answer to (a LAN name, a reverse proxy's public name; *.lan for a "
+            "domain, * for any); repeatable. Requests naming any other host get 403: a web page cannot "
+            "reach the server by re-pointing its own name at this machine (DNS rebinding).",
+            show_default=False,
+        ),
+    ] = None,
+    max_body: Annotated[
+        int | None,
+        typer.Option(
+            "--max-body",
+            metavar="MIB",
+            help="Largest request body; larger ones get 413 before they are read. "
+            "Default: one that holds the whole context window.",
+            show_default=False,
+        ),
+    ] = None,
     queue: Annotated[
         int, typer.Option("--queue", help="Requests that may wait while one generates; more get HTTP 503.")
     ] = 8,
@@ -130,6 +154,8 @@ def serve(
       specchat serve qwen2.5-coder-1.5b
 
       specchat serve ./target.gguf --draft ngram --port 8000 --api-key secret
+
+      specchat serve qwen2.5-coder-1.5b --host 0.0.0.0 --allowed-host studio.lan --api-key secret
     """
     opts = Options(
         target, drafts=tuple(draft or ()), no_draft=no_draft, k=parse_k(k), p_min=p_min, params=sampling,
@@ -141,6 +167,11 @@ def serve(
     check_range("--queue", queue, 0, 10_000)
     if cache_ram is not None:
         check_range("--cache-ram", cache_ram, 0, 1 << 30)
+    if max_body is not None:
+        check_range("--max-body", max_body, 1, 1 << 20)
+    from ..server.guard import parse_allowed
+
+    allowed = parse_allowed(allowed_host or ())
     if api_key is not None and not api_key.strip():
         raise BadInput("--api-key is empty", "give a non-empty key, or leave --api-key out")
     from ..server.app import bind, is_loopback
@@ -160,8 +191,9 @@ def serve(
         loaded = load_models(opts.load_config(drafts), err)
         try:
             check_vocab(opts.params, loaded.target.n_vocab)  # the requests' default --logit-bias
+            guard = Guard(host, allowed, max_body * MIB if max_body is not None else None)
             _serve_loaded(
-                loaded, opts, sock, host=host, api_key=api_key, queue=queue, cache_ram=cache_ram, err=err
+                loaded, opts, sock, guard=guard, api_key=api_key, queue=queue, cache_ram=cache_ram, err=err
             )
         finally:
             loaded.close()
@@ -174,7 +206,7 @@ def _serve_loaded(
     opts: Options,
     sock: object,
     *,
-    host: str,
+    guard: Guard,
     api_key: str | None,
     queue: int,
     cache_ram: int | None,
@@ -209,12 +241,14 @@ def _serve_loaded(
         info={
             "specchat": {"target": str(loaded.target.path), "drafts": drafts, "n_ctx": loaded.target.n_ctx}
         },
+        policy=guard.policy(),
+        max_body=guard.max_body,
     )
     http = ServerThread(app, sock)  # type: ignore[arg-type]
     with _stop_requested(http) as stop:
         http.start()
         for line in banner(
-            base_url(host, http.port),
+            base_url(guard.host, http.port),
             model,
             target=str(loaded.target.path),
             drafts=drafts,
@@ -270,6 +304,23 @@ def _stop_requested(http: ServerThread) -> Iterator[threading.Event]:
 
 #: The prompt cache's default ceiling (llama-server's --cache-ram default too).
 CACHE_RAM_MAX_MIB = 8192
+
+
+@dataclass(frozen=True, slots=True)
+class Guard:
+    """What `serve` was told about who may call it: the bound address, the --allowed-host names and
+    the --max-body limit in bytes (None: the default for the loaded model's context)."""
+
+    host: str
+    allowed: tuple[str, ...] = ()
+    max_body: int | None = None
+
+    def policy(self) -> HostPolicy:
+        """The Host names served; bound to every interface, this machine's addresses are among them."""
+        from ..server.guard import WILDCARDS, HostPolicy, machine_addresses
+
+        local = machine_addresses() if self.host in WILDCARDS else frozenset()
+        return HostPolicy(self.host, self.allowed, local)
 
 
 def cache_bytes(mib: int | None) -> int:

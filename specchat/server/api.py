@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 from ..decoding.constraint import GrammarSpec
 from ..decoding.logprobs import MAX_TOP
 from ..decoding.settings import SETTINGS, SamplingParams, SettingError
-from .fields import ApiError, Kind, bool_field, int_field, is_int, json_kind
-from .formats import BadFormat, grammar_spec
+from .fields import ApiError, Kind, bool_field, int_field, json_kind
+from .formats import BadFormat, check_spec, grammar_spec
 
 if TYPE_CHECKING:
     from .tools import ToolSpec
@@ -29,6 +29,11 @@ if TYPE_CHECKING:
 #: Roles a chat message may have. `developer` is OpenAI's newer name for `system`.
 ROLES = ("system", "user", "assistant", "tool", "developer")
 MAX_STOPS = 16
+#: The deepest a request body's JSON may nest: a chat request carrying tool schemas nests a dozen
+#: levels or so; past this it is refused before anything walks it (parsers and converters recurse).
+MAX_DEPTH = 160
+#: `seed`: llama-server's -1 (no seed: a random answer), or a value numpy's generators take.
+SEED_RANGE = (-1, (1 << 64) - 1)
 #: The most answers one request may ask for (`n`): they are generated one after the other.
 MAX_N = 8
 
@@ -77,6 +82,8 @@ def parse_json(raw: bytes) -> dict[str, Any]:
     """The request body as a JSON object, or a 400 saying why not."""
     try:
         body = json.loads(raw)
+    except RecursionError:  # CPython's parser recurses per level and gives up near 1,000
+        raise _too_deep() from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise ApiError(
             f"the request body is not valid JSON ({exc}); send a JSON object with "
@@ -85,7 +92,28 @@ def parse_json(raw: bytes) -> dict[str, Any]:
         ) from None
     if not isinstance(body, dict):
         raise ApiError(f"the request body must be a JSON object, not {json_kind(body)}", code="invalid_json")
+    if json_depth(body) > MAX_DEPTH:
+        raise _too_deep()
     return body
+
+
+def json_depth(value: object) -> int:
+    """How deep a parsed JSON value nests (a scalar: 0), without recursing."""
+    deepest = 0
+    stack: list[tuple[object, int]] = [(value, 0)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, dict):
+            node = list(node.values())
+        if isinstance(node, list):
+            deepest = max(deepest, depth + 1)
+            if depth + 1 <= MAX_DEPTH:  # deeper is refused anyway: stop walking there
+                stack.extend((v, depth + 1) for v in node)
+    return deepest
+
+
+def _too_deep() -> ApiError:
+    return ApiError(f"the request body nests deeper than {MAX_DEPTH} levels", code="invalid_json")
 
 
 def parse_request(kind: Kind, body: Mapping[str, Any], defaults: Defaults) -> GenRequest:
@@ -118,19 +146,20 @@ def parse_request(kind: Kind, body: Mapping[str, Any], defaults: Defaults) -> Ge
     include_usage = bool(options) and bool_field(
         options, "include_usage", param="stream_options.include_usage"
     )
-    seed = body.get("seed")
-    if seed is not None and not is_int(seed):
-        raise ApiError(f"seed must be an integer, not {json_kind(seed)}", param="seed")
+    seed = int_field(body, "seed", lo=SEED_RANGE[0], hi=SEED_RANGE[1])
+    if seed == -1:  # llama-server's "no seed"
+        seed = None
     if body.get("speculative") is not None and not isinstance(body.get("speculative"), bool):
         raise ApiError(
             "speculative must be true or false (false: decode with the target alone)", param="speculative"
         )
     try:
         grammar = grammar_spec(body)
+        if grammar is None and tools is not None:  # tool_choice required / named: the answer is a call
+            grammar = tool_grammar(tools)
+        check_spec(grammar)
     except BadFormat as exc:
         raise ApiError(exc.message, param=exc.param) from None
-    if grammar is None and tools is not None:  # tool_choice required / named: the answer is a call
-        grammar = tool_grammar(tools)
     return GenRequest(
         kind=kind,
         messages=messages,

@@ -4,14 +4,16 @@ Routes: POST /v1/chat/completions, POST /v1/completions (streamed or not), GET /
 /health, and GET / (the live page, page.py; it needs no key, as it holds none: it asks the user);
 the tokenizer's POST /tokenize, POST /detokenize and GET /tokenizer_info (tokens.py; also under /v1/),
 which run on the worker as quick jobs, between two rounds of a generation at worst.
-Every failure a client can cause is JSON in OpenAI's error shape (400 bad input, 401 wrong key, 404
-unknown route, 503 busy or stopping); an unexpected one is a 500 with the same shape, and the server
-keeps running.
+Every request first passes guard.py (the Host and Origin a browser sends, a JSON Content-Type, the
+body's size), then the API key when the server has one. Every failure a client can cause is JSON in
+OpenAI's error shape (400 bad input, 401 wrong key, 403 foreign host or origin, 404 unknown route,
+413 body too large, 415 not JSON, 503 busy or stopping); an unexpected one is a 500 with the same
+shape, its traceback in the log, and the server keeps running.
 
 The handler waits for the worker's first message before answering, so a prompt that does not fit is
-a 400 even for a streamed request. While a request waits (queued, or generating without a stream)
-the handler watches for the client hanging up; a stream's hang-up cancels the response task. Either
-way the job is cancelled and the worker stops it within a round.
+a 400 even for a streamed request. From the moment the body is read, a watcher task waits on the
+connection: a client that hangs up while its request is queued or generating (streamed or not, one
+answer or n) has its job cancelled at once, and the worker stops it within a round.
 """
 
 from __future__ import annotations
@@ -42,13 +44,12 @@ from ..errors import BadInput
 from . import api, prompts, responses, tokens, toolcalls
 from .api import Defaults, GenRequest
 from .fields import ApiError, Kind
+from .guard import HostPolicy, RequestGuard, default_max_body
 from .page import HEADERS as PAGE_HEADERS
 from .page import render_page
 from .responses import Choice, LogprobEntry, Reply
 from .worker import Backend, Delta, Finished, Job, Message, Started, Worker
 
-#: How often a waiting handler checks whether its client is still there (seconds).
-POLL = 0.25
 #: Paths answered without the API key: a health check needs no secret, and the page holds none (its
 #: requests to the API send the key the user types in).
 OPEN_PATHS = frozenset({"/health", "/"})
@@ -62,8 +63,12 @@ def create_app(
     defaults: Defaults,
     api_key: str | None = None,
     info: Mapping[str, object] | None = None,
+    policy: HostPolicy | None = None,
+    max_body: int | None = None,
 ) -> Starlette:
-    """The ASGI app serving `worker`'s models under the id `model`; `info` goes into /v1/models."""
+    """The ASGI app serving `worker`'s models under the id `model`; `info` goes into /v1/models.
+    `policy`: the Host names served (default: a server on 127.0.0.1); `max_body`: the largest request
+    body in bytes (default: one that holds the target's whole context, guard.default_max_body)."""
     created = int(time.time())
 
     async def chat_completions(request: Request) -> Response:
@@ -123,9 +128,12 @@ def create_app(
             )
         ),
     ]
+    if max_body is None:
+        max_body = default_max_body(worker.backend.target.n_ctx)
+    guard = Middleware(RequestGuard, policy=policy or HostPolicy(), max_body=max_body)
     return Starlette(
         routes=routes,
-        middleware=[Middleware(ApiKeyCheck, key=api_key)] if api_key else [],
+        middleware=[guard, *([Middleware(ApiKeyCheck, key=api_key)] if api_key else [])],
         exception_handlers={ApiError: _api_error, HTTPException: _http_error, Exception: _server_error},
     )
 
@@ -138,9 +146,11 @@ async def _generate(request: Request, kind: Kind, worker: Worker, model: str, de
     req = api.parse_request(kind, api.parse_json(raw), defaults)
     job = Job(req, asyncio.get_running_loop())
     worker.submit(job)
+    gone = asyncio.Event()
+    watcher = asyncio.ensure_future(_watch_hang_up(request, job, gone))
     streaming = False
     try:
-        first = await _next(job, request)  # waits while queued, then the prompt check
+        first = await _next(job, gone)  # waits while queued, then the prompt check
         if first is None:
             return Response(status_code=204)  # the client left; nobody reads this
         if isinstance(first, ApiError):
@@ -148,39 +158,58 @@ async def _generate(request: Request, kind: Kind, worker: Worker, model: str, de
         assert isinstance(first, Started)
         reply = _echoing(Reply.new(kind, model), first, req)
         if req.stream:
-            streaming = True  # the stream owns the job now, and cancels it when it ends
+            streaming = True  # the stream owns the job now: it watches the client and cancels the job
+            watcher.cancel()
             return _JobStream(job, _sse(job, reply, req))
-        replies = [reply]  # one per prompt (several: a completion's prompt array)
-        texts: list[list[str]] = [[] for _ in range(req.choices)]
-        entries: list[list[LogprobEntry]] = [[] for _ in range(req.choices)]
-        choices: list[Choice] = []
-        cached: list[int] = []  # per prompt
-        while len(choices) < req.choices:
-            msg = await _next(job, request)
-            if msg is None:
-                return Response(status_code=204)
-            if isinstance(msg, ApiError):
-                raise msg
-            if isinstance(msg, Started):  # the next prompt's answers follow
-                replies.append(_echoing(reply, msg, req))
-            elif isinstance(msg, Delta):
-                texts[msg.index].extend(t for t, _ in msg.pieces)
-                entries[msg.index].extend(msg.logprobs)
-            elif isinstance(msg, Finished):
-                if msg.index % req.n == 0:  # what the prompt's first answer found cached (nothing:
-                    cached.append(0 if replies[-1].echo_logprobs else msg.cached)  # echo re-read it)
-                lp = tuple(entries[msg.index]) if req.logprobs is not None else None
-                text = "".join(texts[msg.index])
-                choices.append(Choice(msg.index, text, msg.finish_reason, msg.stats, lp))
-        parts = [(r, choices[i * req.n : (i + 1) * req.n], cached[i]) for i, r in enumerate(replies)]
-        body = prompts.batch_body(parts, req.n)
-        if req.tools is not None:  # the calls in each answer become message.tool_calls
-            for choice in body["choices"]:  # type: ignore[attr-defined]
-                toolcalls.patch_message(choice, req.tools)
-        return JSONResponse(body)
+        return await _collect(job, gone, req, reply)
     finally:
+        watcher.cancel()
         if not streaming:
             job.cancel()  # finished: a no-op; the client left or we failed: stop generating for it
+
+
+async def _collect(job: Job, gone: asyncio.Event, req: GenRequest, reply: Reply) -> Response:
+    """A non-streamed response: every answer's text gathered, then one JSON body (204 when the
+    client hung up meanwhile)."""
+    replies = [reply]  # one per prompt (several: a completion's prompt array)
+    texts: list[list[str]] = [[] for _ in range(req.choices)]
+    entries: list[list[LogprobEntry]] = [[] for _ in range(req.choices)]
+    choices: list[Choice] = []
+    cached: list[int] = []  # per prompt
+    while len(choices) < req.choices:
+        msg = await _next(job, gone)
+        if msg is None:
+            return Response(status_code=204)
+        if isinstance(msg, ApiError):
+            raise msg
+        if isinstance(msg, Started):  # the next prompt's answers follow
+            replies.append(_echoing(reply, msg, req))
+        elif isinstance(msg, Delta):
+            texts[msg.index].extend(t for t, _ in msg.pieces)
+            entries[msg.index].extend(msg.logprobs)
+        elif isinstance(msg, Finished):
+            if msg.index % req.n == 0:  # what the prompt's first answer found cached (nothing:
+                cached.append(0 if replies[-1].echo_logprobs else msg.cached)  # echo re-read it)
+            lp = tuple(entries[msg.index]) if req.logprobs is not None else None
+            text = "".join(texts[msg.index])
+            choices.append(Choice(msg.index, text, msg.finish_reason, msg.stats, lp))
+    parts = [(r, choices[i * req.n : (i + 1) * req.n], cached[i]) for i, r in enumerate(replies)]
+    body = prompts.batch_body(parts, req.n)
+    if req.tools is not None:  # the calls in each answer become message.tool_calls
+        for choice in body["choices"]:  # type: ignore[attr-defined]
+            toolcalls.patch_message(choice, req.tools)
+    return JSONResponse(body)
+
+
+async def _watch_hang_up(request: Request, job: Job, gone: asyncio.Event) -> None:
+    """Wait on the connection (the body is read: what comes next is the hang-up) and cancel the job
+    the moment the client leaves, whatever the worker is sending meanwhile."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            job.cancel()
+            gone.set()
+            return
 
 
 async def _call(worker: Worker, fn: Callable[[Backend], T]) -> T:
@@ -193,19 +222,19 @@ def _echoing(reply: Reply, started: Started, req: GenRequest) -> Reply:
     return replace(reply, echo=started.echo if req.echo else "", echo_logprobs=started.prompt_logprobs)
 
 
-async def _next(job: Job, request: Request) -> Message | None:
-    """The job's next message, or None when the client hangs up first."""
+async def _next(job: Job, gone: asyncio.Event) -> Message | None:
+    """The job's next message, or None once the client has hung up."""
+    if gone.is_set():
+        return None
     getter = asyncio.ensure_future(job.out.get())
+    leaving = asyncio.ensure_future(gone.wait())
     try:
-        while True:
-            done, _ = await asyncio.wait({getter}, timeout=POLL)
-            if done:
-                return getter.result()
-            if await request.is_disconnected():
-                return None
+        await asyncio.wait({getter, leaving}, return_when=asyncio.FIRST_COMPLETED)
+        return getter.result() if getter.done() else None
     finally:
-        if not getter.done():
-            getter.cancel()
+        for task in (getter, leaving):
+            if not task.done():
+                task.cancel()
 
 
 class _JobStream(StreamingResponse):
