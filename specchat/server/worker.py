@@ -32,6 +32,7 @@ import concurrent.futures
 import math
 import threading
 import time
+import traceback
 from collections import deque
 from collections.abc import Callable, Sequence
 from contextlib import suppress
@@ -191,6 +192,7 @@ class Worker:
         self._stopping = False
         self._cond = threading.Condition()
         self._seconds = 5.0  # running mean of a job's duration, for Retry-After
+        self._warned: set[str] = set()  # template warnings logged already
         self._thread: threading.Thread | None = None
 
     # --- the model thread -------------------------------------------------------------------------
@@ -299,9 +301,11 @@ class Worker:
             try:
                 if not job.cancelled:
                     self._run(job)
+            except ApiError as exc:  # the request cannot be served as sent: its client is told why
+                job.emit(exc)
             except Exception as exc:  # an engine failure: this request fails, the server keeps serving
-                self.log(f"error: generation failed: {exc}")
-                job.emit(ApiError(f"generation failed: {exc}", status=500, type="server_error"))
+                self.log(f"error: generation failed:\n{traceback.format_exc().rstrip()}")
+                job.emit(ApiError(f"generation failed: {_one_line(exc)}", status=500, type="server_error"))
             finally:
                 with self._cond:
                     self._current = None
@@ -322,18 +326,15 @@ class Worker:
                 future.set_exception(exc)
 
     def _run(self, job: Job) -> None:
+        """Generate every answer of `job`; an ApiError raised here (before or between answers) is
+        the client's reply, any other exception an engine failure (_loop)."""
         req = job.request
-        prompts = self._prompts(job)  # all of them first: one that does not fit fails the request
-        if prompts is None:
-            return
+        prompts = [self._prompt(job, given) for given in req.prompts or (None,)]  # one too long: 400
         try:
             req.params.check_vocab(self.backend.target.n_vocab)  # a logit_bias id the model lacks
         except SettingError as exc:
-            job.emit(ApiError(exc.line(exc.setting.name), param=exc.setting.name))
-            return
-        ok, grammar = self._grammar(job)
-        if not ok:
-            return
+            raise ApiError(exc.line(exc.setting.name), param=exc.setting.name) from None
+        grammar = self._grammar(job)
         echo_lp = req.echo and req.logprobs is not None
         for p, prompt in enumerate(prompts):
             # an echo with logprobs re-reads its whole prompt: put the cached conversation aside, restore none
@@ -352,16 +353,6 @@ class Worker:
                     self._answer(job, prompt, index, prepared if first else None, grammar)
         if grammar is not None:
             grammar.close()  # (after an engine failure, garbage collection frees it)
-
-    def _prompts(self, job: Job) -> list[list[int]] | None:
-        """Every prompt's token ids (a chat's one, a completion's each), or None after an ApiError."""
-        out: list[list[int]] = []
-        for given in job.request.prompts or (None,):
-            tokens = self._prompt(job, given)
-            if tokens is None:
-                return None
-            out.append(tokens)
-        return out
 
     def _render_chat(self, req: GenRequest) -> tuple[list[int], str | None]:
         """The chat's tokens; tools, or a conversation with tool calls, go through tools.prepare
@@ -383,17 +374,16 @@ class Worker:
         detok = Detokenizer(self.backend.target)
         return "".join(detok.piece(t) for t in prompt) + detok.flush()
 
-    def _grammar(self, job: Job) -> tuple[bool, CompiledGrammar | None]:
+    def _grammar(self, job: Job) -> CompiledGrammar | None:
         """The request's grammar compiled once, before the response starts (so a bad one is a 400
-        naming its field); (False, None) after telling the client why it cannot be."""
+        naming its field)."""
         spec = job.request.grammar
         if spec is None:
-            return True, None
+            return None
         try:
-            return True, self.backend.constraint(spec)
+            return self.backend.constraint(spec)
         except SpecchatError as exc:
-            job.emit(ApiError(f"invalid {spec.param}: {_plain(exc)}", param=spec.param))
-            return False, None
+            raise ApiError(f"invalid {spec.param}: {_plain(exc)}", param=spec.param) from None
 
     def _answer(
         self,
@@ -466,28 +456,28 @@ class Worker:
             line += f" · prompt cache: {what} in {prepared.seconds * 1000:.0f} ms, {self.cache.summary()}"
         self.log(line)
 
-    def _prompt(self, job: Job, given: str | tuple[int, ...] | None = None) -> list[int] | None:
+    def _prompt(self, job: Job, given: str | tuple[int, ...] | None = None) -> list[int]:
         """The request's token ids through the chat template (or as plain text, or `given`: one of a
-        completion's prompts); None after telling the client why not (a prompt beyond the context, a
-        template that refuses the messages, a token id the vocabulary lacks)."""
+        completion's prompts); an ApiError saying why not (a prompt beyond the context, a template
+        that refuses the messages, a token id the vocabulary lacks). A template's warning (a
+        system message it dropped, say) goes to the log: the person running the server should know."""
         req = job.request
         param = "messages" if req.kind == "chat" else "prompt"
+        warning = None
         try:
             if req.kind == "chat":
-                tokens, _warning = self._render_chat(req)
+                tokens, warning = self._render_chat(req)
             elif isinstance(given, tuple):
                 tokens = token_prompt(given, self.backend.target)
             else:
-                tokens, _warning = self.backend.render_text(req.prompt if given is None else given)
-        except ApiError as exc:
-            job.emit(exc)
-            return None
+                tokens, warning = self.backend.render_text(req.prompt if given is None else given)
         except ContextFull as exc:
-            job.emit(ApiError(_plain(exc), param=param, code="context_length_exceeded"))
-            return None
+            raise ApiError(_plain(exc), param=param, code="context_length_exceeded") from None
         except SpecchatError as exc:
-            job.emit(ApiError(_plain(exc), param=param))
-            return None
+            raise ApiError(_plain(exc), param=param) from None
+        if warning and warning not in self._warned:  # once: every request would say the same
+            self._warned.add(warning)
+            self.log(f"warning: {warning}")
         return tokens
 
     @staticmethod
@@ -524,6 +514,12 @@ def token_prompt(tokens: Sequence[int], target: Model) -> list[int]:
 
 def _shutting_down() -> ApiError:
     return ApiError("the server is shutting down", status=503, type="server_error", code="shutting_down")
+
+
+def _one_line(exc: BaseException) -> str:
+    """An exception as one line for a client: its type and the first line of its message."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
 
 def _plain(err: SpecchatError) -> str:
