@@ -155,8 +155,8 @@ class ConfidenceByDepth:
     target's own hidden state there), every later one from the drafter's own guesses, and the same
     confidence means different things in the two (an unsure first token of Gemma 4's assistant is
     usually right, an unsure later one about as often wrong); pooled in one bin, the planner would
-    stop after first tokens that were worth drafting on from. Each curve holds tokens whose predecessors in the draft were all accepted, so a
-    draft's chances multiply."""
+    stop after first tokens that were worth drafting on from. Each curve holds tokens whose
+    predecessors in the draft were all accepted, so a draft's chances multiply."""
 
     start: float = 0.0
     curves: list[ConfidenceCurve] = field(default_factory=list)
