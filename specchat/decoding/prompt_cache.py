@@ -6,7 +6,8 @@ system prompt with what the cache holds, and without a copy a conversation would
 scratch on every turn (llama-server restores it from its host-memory prompt cache). Here, before a
 request would overwrite the cache, the conversation it holds is copied to host memory (`save_state`:
 a memory copy, milliseconds); a request whose prompt shares a longer prefix with a saved conversation
-than with the cache restores that one first, and decodes only the rest. Least recently used conversations go first when the budget is full.
+than with the cache restores that one first, and decodes only the rest. Least recently used
+conversations go first when the budget is full.
 
 What is saved: the target's cache and each draft model's (which can lag, or hold nothing when the
 planner never drafts with it). The n-gram drafter rebuilds its index from the prompt itself
