@@ -123,7 +123,7 @@ def test_server_api_token_sources_table_is_events_sources_with_their_colours() -
             f"decoding/events.py's STYLES says {colour!r}"
         )
     stale = sorted(set(rows) - {s.value for s in Source})
-    assert not stale, f"docs/server-api.md's token sources table has rows for {stale}, which events.Source lacks"
+    assert not stale, f"docs/server-api.md's token sources table has rows for {stale}: events.Source has none"
 
 
 COLOURS = sorted({c for c in STYLES.values() if c})
