@@ -1,4 +1,5 @@
-"""`specchat chat`: the command. The terminal chat itself is `chat_ui`, the session logic `chat`."""
+"""`specchat chat`: the command. The terminal chat itself is `chat_ui`, the session logic
+`decoding/session.py`'s `ChatSession`."""
 
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
 """The interactive terminal chat: read lines, answer with the coloured stream, run `/`-commands.
 
-The session logic (history, commands, trimming, transcripts) is `chat.ChatSession`; this module only
-reads lines and shows things with Rich. Reading input goes through an injectable function (`input`
-with stdlib `readline` on a terminal), so the CLI runner can script whole chats. Started by `chat`,
-and by `run` when no prompt is given on a terminal.
+The session logic (history, commands, trimming, transcripts) is `decoding.session.ChatSession`; this
+module only reads lines and shows things with Rich. Reading input goes through an injectable function
+(`input` with stdlib `readline` on a terminal), so the CLI runner can script whole chats. Started by
+`chat`, and by `run` when no prompt is given on a terminal.
 """
 
 from __future__ import annotations

@@ -105,11 +105,11 @@ StrictOpt = Annotated[
     bool,
     typer.Option(
         "--strict",
-        help="Greedy output equal to --no-draft token for token. Without it, a long verify batch "
-        "(cheap on CPUs from 4 rows, the only kind on GPUs) leaves K/V that round differently from "
-        "one-token decoding, which can tip a near-tie (a top-2 logit gap of ~0.4 or less), as in "
-        "llama.cpp's own speculative modes. --strict keeps verify batches within the size that is "
-        "bit-identical to one-token decoding (measured; 3 rows on x86 CPUs, so up to ~1.3x there; "
+        help="Greedy output equal to --no-draft token for token. Without it, where a verify batch "
+        "does not round like one-token decoding (beyond a few rows on a stock CPU build, every batch "
+        "on GPUs) it leaves K/V that can tip a later near-tie, as in llama.cpp's own speculative "
+        "modes. --strict keeps verify batches within the size that is bit-identical to one-token "
+        "decoding (measured at load: every batch on the patched x86 build, where it costs nothing; "
         "none on GPUs, so plain speed) and re-decodes drifted K/V before a near-tie.",
     ),
 ]

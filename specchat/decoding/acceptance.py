@@ -36,8 +36,8 @@ class Acceptance:
     that reaches a depth decays its counts by DECAY before adding its own outcome, so after ~33
     rounds the estimate is the recent acceptance itself. (A prior kept at full weight forever pulls
     every estimate towards its mean: with the draft model's Beta(3, 2) a draft right 98% of the time
-    was rated 0.93 at each depth, 0.56 for eight in a row instead of 0.85, and auto drafted half as
-    deep as it pays on a big target.) Depths a round does not reach keep what they knew."""
+    would be rated 0.93 at each depth, 0.56 for eight in a row instead of 0.85, and auto would draft
+    far shallower than pays on a big target.) Depths a round does not reach keep what they knew."""
 
     prior_a: float
     prior_b: float
@@ -66,23 +66,20 @@ class Acceptance:
         A depth never reached borrows the counts of the deepest one that was; from position 2 on, a
         depth with almost no evidence of its own (under one decayed observation) takes at least the
         rate of the depth before it: a copy that survived that far is no likelier to stop now
-        (n-gram drafts measured 75 85 90 92 93 98% by position), and without this one early
+        (n-gram drafts are accepted more often the deeper they are), and without this one early
         rejection at depth 2 would cap every later draft at 2 tokens, the planner never drafting
-        deep enough to learn otherwise (replayed on the bench's edit prompts: 1.40→1.50× rename,
-        1.99→2.20× whole-file rewrite, non-copy prompts unchanged).
+        deep enough to learn otherwise.
 
         Exploring, every depth is read at one shared quantile of its posterior (one normal draw
         per round, EXPLORE_SPREAD of a standard deviation per unit), not drawn independently: with
         independent draws and the rule above, the rate at depth i was the largest of ~i draws, so
-        a route with little evidence looked near-certain 15 tokens deep and was tried there, a
-        16-row batch costing ~7 tokens on a 2-core CPU for one or two (replayed over 28 recorded
-        answers, this CPU's curve: the worst non-copying answer 0.95x plain -> 0.98x, the copying
-        ones unchanged at 1.30-1.35x geomean).
+        a route with little evidence looked near-certain 15 tokens deep and was tried there: a
+        16-row batch, which costs several tokens' time on a CPU, for one or two tokens.
 
         The draw moves the log-odds, not the rate: read linearly and clipped at 1.0, one draw in
         twenty made a route with the 0.9 prior of an 8-token match certain at every depth, and the
-        planner verified 48 drafts at once where V grows ~0.8 of a token per row (Apple M1 Pro's
-        published curve, replayed: a 49-row batch costing 38 tokens for 3)."""
+        planner would verify 48 drafts at once even where each row of a batch costs most of a
+        token (a steep curve such as Apple Silicon's)."""
         out = []
         z = EXPLORE_SPREAD * float(rng.standard_normal()) if rng is not None else 0.0
         for i in range(k):
@@ -156,11 +153,10 @@ class ConfidenceByDepth:
 
     Why apart: the first token of a round is drafted from the verified context (a head reads the
     target's own hidden state there), every later one from the drafter's own guesses, and the same
-    confidence means different things in the two. Of Gemma 4's assistant's tokens drafted at a
-    confidence under 0.3, the first of a round were accepted 13 times in 15 and later ones 16 in 32;
-    pooled, its lowest bin read 0.4, and the planner stopped after such first tokens, 8% behind a
-    fixed -k 3. Each curve holds tokens whose predecessors in the draft were all accepted, so a
-    draft's chances multiply."""
+    confidence means different things in the two (an unsure first token of Gemma 4's assistant is
+    usually right, an unsure later one about as often wrong); pooled in one bin, the planner would
+    stop after first tokens that were worth drafting on from. Each curve holds tokens whose
+    predecessors in the draft were all accepted, so a draft's chances multiply."""
 
     start: float = 0.0
     curves: list[ConfidenceCurve] = field(default_factory=list)

@@ -15,11 +15,10 @@ The lookup is the n-gram drafter's rule (drafters.py): the place whose preceding
 the context furthest back wins, measured up to MATCH_HORIZON tokens, the most recent on a tie, and no
 match shorter than `min_n` proposes anything; the route is the match's length class (`match_route`),
 so the planner learns per match length, as for the n-gram drafter. Its index is not reused: the
-n-gram drafter keeps 7 entries per token of one growing context (97 MB for 65,536 Zipf-distributed
-tokens, by tracemalloc) and has no way to forget; this store keeps one flat array (0.5 MB) and
-compares it whole with numpy: 0.03 ms per lookup at the full bound where the last token is rare,
-0.3 ms where it is common (2-core x86 VM), once per round (`route` and `propose` share it), and an
-answer is forgotten by rebuilding the array when one is learned (under 1 ms).
+n-gram drafter keeps 7 entries per token of one growing context (a Python object each) and has no
+way to forget; this store keeps one flat array (8 bytes a token) and compares it whole with numpy,
+once per round (`route` and `propose` share it), which stays well under a millisecond at the full
+bound, and an answer is forgotten by rebuilding the array when one is learned.
 
 How it knows where an answer starts: the loop hands `prepare` the prompt less its last token (that
 token is the first round's input), so the answer starts one token past it; when the planner does not

@@ -30,7 +30,7 @@ K_MAX = 48  # drafts per round at most: long copies (whole-file rewrites) pay up
 #: would take a minute on a 2-core CPU). Every size is measured up to 9, where llama.cpp's CPU
 #: backend switches kernels (4 rows with repacked weights, 8 without); beyond that its curve steps
 #: (repacked GEMM in 4-row blocks: V(16) below both V(15) and V(17) on the default pair), which
-#: interpolation smooths over, but planning with all 49 sizes measured replayed no faster (README)
+#: interpolation smooths over: some accuracy past 9 rows traded for a calibration of seconds
 VERIFY_SIZES: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 24, 32, 49)
 #: batch size whose per-token cost prices a draft model's catching up (Drafter.lag)
 CATCH_UP_BATCH = 16
@@ -59,7 +59,8 @@ class Costs:
 
 
 #: worst median/min ratio minus one among a calibration's timings above which the machine is taken
-#: to be busy (quiet: 2-10%; another llama.cpp process on 2 cores: 30% to 10x)
+#: to be busy (a quiet machine's repeats agree within a few percent; another llama.cpp process on the
+#: same cores spreads them by far more than this)
 NOISY = 0.25
 #: a cached curve this much slower than a quick live re-measurement was taken on a busy machine
 STALE = 1.3

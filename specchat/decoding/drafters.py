@@ -47,9 +47,8 @@ class DraftBudget:
     verify batch, so it goes in while the chance that the whole draft so far is accepted is at least
     `floor_at(i)`. Whether to *compute* the next position at all: that costs a draft decode as well,
     so the drafter looks ahead only while the chance so far times what a token there is usually
-    accepted at (`expect_at`) reaches `ahead_at`. (Priced together, a drafter decoded one position
-    too many every round, the one whose token it then declined: 12 of 41 ms of an MTP head's
-    rounds.)
+    accepted at (`expect_at`) reaches `ahead_at`. (Priced together, a drafter would decode one
+    position too many every round: the one whose token it then declines.)
 
     `chance[d][i]` is the measured acceptance of tokens drafted at position d (the last entry: every
     later position) with a confidence in the i-th of len(chance[d]) equal bins: a draft model's top
@@ -59,10 +58,9 @@ class DraftBudget:
 
     `chance` may be read optimistically (a bin is learned only from tokens that were proposed, so
     an unsure bin has to be tried now and then: ConfidenceCurve.chances); a try costs a verify row.
-    A draft decode is dearer, and the decision to make one reads `sure`, the bins' posterior means.
-    (Read optimistically there too, a NextN head whose step costs a third of a target pass ran on
-    through unsure tokens, 4-8 drafts with 1-3 accepted: 10.50 tok/s where the means give 10.73,
-    medians of 4 alternating runs, a fixed -k 1 10.98.)"""
+    A draft decode is dearer, and the decision to make one reads `sure`, the bins' posterior means:
+    read optimistically there too, a drafter whose step is dear (a NextN head's is a good part of a
+    target pass) would run on through unsure tokens, paying a decode for each."""
 
     #: the propose threshold at positions past `floors`
     floor: float = 0.0
@@ -180,8 +178,8 @@ def default_p_min(params: SamplingParams, *, auto: bool = False) -> float:
     """The draft confidence cut-off when the user gives none: 0.75 greedy (llama.cpp's usual setting),
     0.5 when sampling, where the draft's top probability is naturally lower. None under `-k auto`:
     there the planner's budget (Planner.draft_budget) prices each further token from the measured
-    costs, which a fixed cut-off cannot (on a big target with a cheap draft a 0.75 cut-off stopped
-    drafts at 4.7 tokens a pass where 7.1 paid)."""
+    costs, which a fixed cut-off cannot (on a big target with a cheap draft, a 0.75 cut-off stops
+    drafts well short of the depth that pays)."""
     if auto:
         return 0.0
     return 0.75 if params.greedy else 0.5
@@ -317,9 +315,8 @@ CANDIDATES = 8
 #: Without them auto mode needs ~40 rounds of a 200-token answer to learn that long copies pay.
 #: The first drafted token, at every position of 22 recorded answers (copying or not): right 53% after
 #: a 2-3 token match, 79% after 4-7, 91% after 8-15 and 98% after 16+ (2,238 positions), hence 0.9 and
-#: 0.96 for the long routes: replayed on those answers under two measured cost curves, the 0.8/0.9
-#: priors before gave up 2-4% on the copying ones and nothing on the others. "resync" (the copy
-#: follower's guess after an edit, copying.py) starts at an even chance: 0.25 and 0.75 replayed level.
+#: 0.96 for the long routes. "resync" (the copy follower's guess after an edit, copying.py) starts at
+#: an even chance: nothing says which way such a guess goes before it is tried.
 NGRAM_ROUTE_PRIORS: dict[str, tuple[float, float]] = {
     "resync": (2.0, 2.0),
     "match 2+": (1.4, 2.6),

@@ -14,9 +14,8 @@ are never used. Which distribution is reported:
   the loop passes the masked rows (forbidden tokens at -inf), which are never listed.
 
 The loop computes these only when asked (`loop.Settings.logprobs`): a few passes over the
-row (maximum, normaliser, candidates), 0.4 ms per token on a 152k vocabulary in cache and 1.1 ms in
-the loop, right after the decode that wrote the row (tests/perf/logprobs_breakdown.py: +1.3% of a
-token's time on the default pair on a 2-core CPU).
+row (maximum, normaliser, candidates), right after the decode that wrote the row, while it is still
+in cache: a small part of a token's time (docs/performance.md, "What logprobs cost").
 """
 
 from __future__ import annotations
@@ -66,7 +65,7 @@ def _raw(row: np.ndarray, token: int, n_top: int) -> TokenLogprob:
 def _top_ids(row: np.ndarray, m: float, need: int) -> np.ndarray:
     """Ids of the `need` largest logits (`m` the largest), of equal ones the lowest.
 
-    First every logit within some distance of the maximum: one comparison pass, ~5x cheaper than
+    First every logit within some distance of the maximum: one comparison pass, cheaper than
     np.argpartition over a 152k vocabulary, and a model's logits are peaked, so one or two passes
     find enough. Only when many are that close (near-flat rows) is the kth value found by partition.
     """

@@ -2,12 +2,12 @@
 
 Why: a model's KV cache holds one token sequence. An agent alternates conversations (the agent and
 its sub-agent, a chat and its summariser, two editor tabs), so each request's prompt shares only the
-system prompt with what the cache holds, and a 1,000-token conversation was decoded from scratch on
-every turn (14 s on a 2-core CPU, where llama-server restores it from its host-memory prompt cache in
-about one second). Here, before a request would overwrite the cache, the conversation it holds is
-copied to host memory (`save_state`: a memory copy, milliseconds); a request whose prompt shares a
-longer prefix with a saved conversation than with the cache restores that one first, and decodes
-only the rest. Least recently used conversations go first when the budget is full.
+system prompt with what the cache holds, and without a copy a conversation would be decoded from
+scratch on every turn (llama-server restores it from its host-memory prompt cache). Here, before a
+request would overwrite the cache, the conversation it holds is copied to host memory (`save_state`:
+a memory copy, milliseconds); a request whose prompt shares a longer prefix with a saved conversation
+than with the cache restores that one first, and decodes only the rest. Least recently used
+conversations go first when the budget is full.
 
 What is saved: the target's cache and each draft model's (which can lag, or hold nothing when the
 planner never drafts with it). The n-gram drafter rebuilds its index from the prompt itself

@@ -1,4 +1,5 @@
-"""The one module that talks to llama.cpp (through llama-cpp-python's low-level ctypes API).
+"""Loading and decoding models through llama-cpp-python's low-level ctypes API (the package's other
+modules do the rest that talks to llama.cpp: `devices`, `vocab`, `grammar`, the heads, ...).
 
 Why the low-level API and not `Llama.generate(draft_model=...)`: that hook takes no GGUF draft model,
 reports no per-token provenance, and forces logits for every position. Here a decode asks for logits
@@ -35,7 +36,7 @@ class LoadOptions:
     threads: int | None = None
     #: tokens per llama_decode call, and per compute pass (llama.cpp's n_batch and n_ubatch: its
     #: defaults, as llama-bench and llama-server use them). A long prompt in one call of 2048 runs
-    #: its 512-token passes back to back: measured 1.10-1.2x the prompt speed of 512-token calls
+    #: its 512-token passes back to back, which prefills faster than one call per 512 tokens
     n_batch: int = 2048
     n_ubatch: int = 512
     verbose: bool = False

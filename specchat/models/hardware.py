@@ -2,8 +2,9 @@
 
 Why: llama.cpp fails late and obscurely when memory runs out (or the OS starts swapping and everything
 crawls). Estimating the footprint from the GGUF headers costs milliseconds and lets us refuse with the
-numbers and a way out. GPU facts (offload support, VRAM) come from the engine, the only module that
-imports llama_cpp; they are passed in here as plain values.
+numbers and a way out. GPU facts (offload support, each device's memory) come from
+`llama/devices.py`, since only `specchat/llama/` imports llama_cpp; they are passed in here as plain
+values.
 """
 
 from __future__ import annotations

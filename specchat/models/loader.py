@@ -252,9 +252,9 @@ def load(
             verbose=cfg.verbose,
             # One target, one output: the target loads the same with or without drafters, so
             # `--no-draft` and a speculative run give the same greedy text token for token. Repacked
-            # weights stay on (single-token decoding ~5% faster, and their GEMM makes batches of 4+
-            # rows cheap). V stays in f16, llama.cpp's default and its fastest prefill (bf16 V cost
-            # 0.8x llama-bench's prompt speed), where the build's probe showed f16 attention
+            # weights stay on (faster single-token decoding, and their GEMM makes batches of 4+
+            # rows cheap). V stays in f16, llama.cpp's default and its fastest prefill (bf16 V
+            # prefills slower), where the build's probe showed f16 attention
             # bit-exact at every verify width (the patched build: patch 0003); on a CPU build
             # without that proof V goes to bf16, with which stock llama.cpp runs one row as it runs
             # several (see LoadOptions). Batches beyond the bit-exact size use the tie margin.
