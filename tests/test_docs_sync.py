@@ -142,3 +142,21 @@ def test_extending_lists_the_colours_the_page_defines() -> None:
         f"docs/extending.md says the page defines {code_names(found.group(1))}; decoding/events.py's "
         f"STYLES uses {COLOURS} (tests/test_page.py checks the page defines each)"
     )
+
+
+def test_server_api_states_the_constraint_limits_in_force() -> None:
+    """Every limit of decoding/bounds.py's Limits, and the body's depth, appear in server-api.md's
+    table as the code has them: a changed limit cannot leave the page promising another."""
+    from dataclasses import fields
+
+    from specchat.decoding.bounds import DEFAULT_LIMITS
+    from specchat.server.api import MAX_DEPTH
+
+    text = page("docs/server-api.md")
+    start = text.index("## Who may call it")
+    section = text[start : text.index("\n## ", start + 1)]
+    numbers = set(re.findall(r"\d[\d,]*", section))
+    for f in fields(DEFAULT_LIMITS):
+        value = f"{getattr(DEFAULT_LIMITS, f.name):,}"
+        assert value in numbers, f"docs/server-api.md's limits table does not give {f.name} = {value}"
+    assert f"{MAX_DEPTH}" in numbers, f"docs/server-api.md does not say the body may nest {MAX_DEPTH} levels"

@@ -29,8 +29,9 @@ if TYPE_CHECKING:
 #: Roles a chat message may have. `developer` is OpenAI's newer name for `system`.
 ROLES = ("system", "user", "assistant", "tool", "developer")
 MAX_STOPS = 16
-#: The deepest a request body's JSON may nest: a chat request carrying tool schemas nests a dozen
-#: levels or so; past this it is refused before anything walks it (parsers and converters recurse).
+#: The deepest a request body's JSON may nest: a chat request carrying an agent's tool schemas nests
+#: about fourteen levels, and this keeps ten times that; past it the body is refused before anything
+#: walks it (parsers, converters and validators recurse).
 MAX_DEPTH = 160
 #: `seed`: llama-server's -1 (no seed: a random answer), or a value numpy's generators take.
 SEED_RANGE = (-1, (1 << 64) - 1)
