@@ -9,12 +9,18 @@ from __future__ import annotations
 import io
 import shutil
 import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
 import pytest
 
 from specchat.llama import build, patchqueue
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised only on 3.10
+    import tomli as tomllib
 
 CPU_FILE = "ggml/src/ggml-cpu/ops.c"
 METAL_FILE = "ggml/src/ggml-metal/ops.cpp"
@@ -311,3 +317,18 @@ def _headers(paths: list[str]) -> list[str]:
     wanted = ("ggml/include/", "ggml/src/ggml-metal/", "ggml/src/")
     headers = [n for n in names if n.endswith(".h") and n.startswith(wanted) and n.count("/") <= 3]
     return [*paths, *headers]
+
+
+# --- what is installed: the pin ---------------------------------------------------------------------------
+
+
+def test_pyproject_requires_the_release_the_build_pins():
+    """One source of truth: `build.PINNED`. A `pip install .` outside the Makefile then gets that
+    release (stock), and the patched wheel's local version satisfies the same requirement."""
+    pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
+    deps = tomllib.loads(pyproject.read_text(encoding="utf-8"))["project"]["dependencies"]
+    assert [d for d in deps if d.startswith(build.PACKAGE)] == [f"{build.PACKAGE}=={build.PINNED}"]
+    specifiers = pytest.importorskip("packaging.specifiers")
+    pin = specifiers.SpecifierSet(f"=={build.PINNED}")
+    assert pin.contains(build.local_version(build.PINNED, build.patch_queue()))
+    assert pin.contains(build.PINNED) and not pin.contains("0.3.16") and not pin.contains("0.3.37")

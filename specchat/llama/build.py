@@ -12,7 +12,8 @@ Why a wheel cache: the build takes ~15 minutes on 2 cores. The cache key covers 
 the binary (version, the patches' bytes, CMAKE_ARGS, the machine and its CPU flags), so a reinstall
 with the same inputs -- a fresh clone's `make install`, CI -- installs the cached wheel in seconds,
 and any change builds anew. The wheel carries a PEP 440 local version (`0.3.36+specchat.<queue hash>`),
-which still satisfies `llama-cpp-python>=...` and tells `specchat doctor` which queue it holds.
+which still satisfies pyproject.toml's `llama-cpp-python==0.3.36` and tells `specchat doctor` which queue
+it holds.
 
 A plain `pip install specchat` never comes here: it gets stock llama-cpp-python, which works as before
 (the invariance probe then reports where its batches part and the planner keeps its tie margin).
@@ -50,7 +51,9 @@ from pathlib import Path
 
 from . import patchqueue
 
-#: the llama-cpp-python release whose vendored llama.cpp the patch queue is written against
+#: the llama-cpp-python release whose vendored llama.cpp the patch queue is written against; pyproject.toml
+#: requires exactly this release (`llama-cpp-python==PINNED`, tests/test_build_queue.py checks it), so a
+#: `pip install .` outside the Makefile gets the release the queue and the engine are written for
 PINNED = "0.3.36"
 PACKAGE = "llama-cpp-python"
 LOCAL_TAG = "specchat"
