@@ -182,6 +182,8 @@ def load(
     recommended draft model, its head if it has one and the default model-free drafters; `()`: none
     (plain decoding). `k`: draft tokens per round, None for the cost model's choice. The
     other keywords are `run`'s options; `**sampling` the sampling settings' defaults for every answer.
+    What `run` would print as a warning (a stock llama.cpp build rather than specchat's patched one,
+    a draft of another family, ...) is a `warnings.warn` here, and stays in `LoadedModel.warnings`.
     """
     from .decoding.drafters import default_p_min
     from .models import loader
@@ -211,7 +213,10 @@ def load(
         strict=strict,
         verbose=verbose,
     )
-    return LoadedModel(loader.LoadedEngine(loader.load(cfg)), params, k, p_min)
+    loaded = loader.load(cfg)
+    for line in loaded.warnings:  # what `run` prints before answering: a stock llama.cpp build, ...
+        warnings.warn(line, stacklevel=2)
+    return LoadedModel(loader.LoadedEngine(loaded), params, k, p_min)
 
 
 def stream(

@@ -217,3 +217,18 @@ def test_keywords_of_the_right_kind_pass_the_checks():
     ):
         with pytest.raises(ModelNotFound):
             specchat.load(Path("no-such-model.gguf"), **kwargs)  # type: ignore[arg-type]
+
+
+def test_a_stock_llama_cpp_build_is_a_warning_at_load(tiny_target, monkeypatch):
+    """What `run` prints before answering is a `warnings.warn` here: on a stock build, which build it
+    is and how to get the patched one."""
+    from specchat.llama import build, buildcheck
+
+    stock = {"key": "stockbuild00", "version": build.PINNED, "libraries": []}
+    monkeypatch.setattr(buildcheck, "build_identity", lambda: stock)
+    with pytest.warns(UserWarning, match=r"^stock llama-cpp-python .*make install") as caught:
+        loaded = specchat.load(str(tiny_target), draft=(), threads=1, ctx_size=128)
+    with loaded:
+        assert loaded.warnings[0].startswith("stock llama-cpp-python")
+        assert loaded.warnings[0] in {str(w.message) for w in caught}
+        assert len(specchat.generate(loaded, PROMPT, max_tokens=2).tokens) == 2
