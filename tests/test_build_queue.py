@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from specchat.llama import build, patchqueue
+from specchat.llama import build, installed, patchqueue
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -348,27 +348,27 @@ def test_the_installed_build_is_told_patched_or_stock_by_its_version(tmp_path, q
     ours = build.patch_queue(root)
     for held in (patchqueue.for_build(ours, metal=False), ours):  # a CPU build's queue, a Metal build's
         version = build.local_version(build.PINNED, held)
-        patched = build.installed(version, root=root)
+        patched = installed.describe(version, root=root)
         assert (patched.kind, patched.queue) == ("patched", build.queue_hash(held))
         assert patched.warning() is None and patched.advice() is None
         assert patched.line() == (
             f"patched llama-cpp-python {version} (specchat's llama.cpp patch queue {build.queue_hash(held)})"
         )
-    stock = build.installed(build.PINNED, root=root)
+    stock = installed.describe(build.PINNED, root=root)
     assert (stock.kind, stock.queue) == ("stock", None)
     warning = stock.warning()
     assert warning is not None and "\n" not in warning
     assert warning.startswith(f"stock llama-cpp-python {build.PINNED} (no llama.cpp patch queue): ")
     assert "`make install`" in warning and "`python -m specchat.llama.build install`" in warning
-    older = build.installed("0.3.16", root=root)
+    older = installed.describe("0.3.16", root=root)
     assert older.kind == "stock" and f"specchat pins {build.PINNED}" in older.line()
 
 
 def test_a_patched_build_of_another_queue_is_named_where_the_checkout_can_tell(tmp_path, queue):
     other = f"{build.PINNED}+specchat.0123456789"
-    stale = build.installed(other, root=_checkout(tmp_path, queue[0]))
+    stale = installed.describe(other, root=_checkout(tmp_path, queue[0]))
     assert stale.kind == "patched, another queue" and "make install" in (stale.warning() or "")
     # installed from a wheel (no patches beside the package): nothing to compare with, so not stale
-    assert build.installed(other, root=tmp_path / "site-packages").kind == "patched"
-    missing = build.Installed(None)
+    assert installed.describe(other, root=tmp_path / "site-packages").kind == "patched"
+    missing = installed.Installed(None)
     assert missing.kind == "not installed" and "make install" in (missing.advice() or "")

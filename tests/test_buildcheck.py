@@ -302,7 +302,7 @@ def _stock(monkeypatch: pytest.MonkeyPatch) -> dict[str, object]:
 
 
 def test_a_stock_build_runs_with_one_warning_line_naming_the_fix(tiny_target, monkeypatch):
-    """A warning, not a refusal, --strict included (why: build.Installed.warning)."""
+    """A warning, not a refusal, --strict included (why: installed.Installed.warning)."""
     _stock(monkeypatch)
     args = [*RUN_TWO_TOKENS, str(tiny_target)]
     for extra in ([], ["--strict"]):

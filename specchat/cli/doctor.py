@@ -254,7 +254,7 @@ def build_check_facts() -> dict[str, Any]:
 
 
 def installed_build_facts(installed: Any) -> dict[str, Any]:
-    """Which llama-cpp-python build is installed (`llama.build.Installed`): "patched", "patched,
+    """Which llama-cpp-python build is installed (`llama.installed.Installed`): "patched", "patched,
     another queue", "stock" or "not installed", its version and queue, the line the report shows, and
     -- for any but this checkout's patched build -- what to do (what every load's warning says)."""
     out: dict[str, Any] = {
