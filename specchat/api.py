@@ -17,18 +17,24 @@ defaults of the sampling settings (decoding/settings.py: `temperature`, `top_p`,
 `logit_bias`, ...), which each answer may override.
 
 Nothing heavy is imported until `load` is called: `import specchat` stays as quick as `specchat --help`.
-Bad settings raise ValueError naming the keyword; what the CLI reports as one line (a model that
-cannot be found or does not fit, ...) raises the same `specchat.errors.SpecchatError`.
+Bad settings raise ValueError naming the keyword and what it takes, at the call: every keyword is
+checked for its type as well as its range before anything loads or decodes (`top_k=2.5`, `k=True`,
+`temperature="0.7"`, NaN), because a value of the wrong type would otherwise travel into the loader or
+the sampler and fail there, far from the mistake, or not fail at all. The sampling settings are
+checked by their table (decoding/settings.py), the other keywords here. What the CLI reports as one
+line (a model that cannot be found or does not fit, ...) raises the same `specchat.errors.SpecchatError`.
 """
 
 from __future__ import annotations
 
+import numbers
+import os
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from .decoding.settings import CTX_SIZE, MAX_TOKENS, SamplingParams, SettingError
+from .decoding.settings import CTX_SIZE, MAX_TOKENS, SamplingParams, SettingError, is_integer, shown
 
 if TYPE_CHECKING:
     from .decoding.events import Event, Stats
@@ -176,20 +182,24 @@ def load(
     recommended draft model, its head if it has one and the default model-free drafters; `()`: none
     (plain decoding). `k`: draft tokens per round, None for the cost model's choice. The
     other keywords are `run`'s options; `**sampling` the sampling settings' defaults for every answer.
+    What `run` would print as a warning (a stock llama.cpp build rather than specchat's patched one,
+    a draft of another family, ...) is a `warnings.warn` here, and stays in `LoadedModel.warnings`.
     """
     from .decoding.drafters import default_p_min
     from .models import loader
 
+    target = _model_ref("target", target)
+    specs = None if draft is None else _specs(draft)
     params = _sampling(SamplingParams(), sampling)
-    if k is not None and not 0 <= k <= K_MAX:
-        raise ValueError(f"k must be a number of draft tokens in 0..{K_MAX}, or None for auto (got {k})")
-    if ctx_size < 16:
-        raise ValueError(f"ctx_size must be >= 16 (got {ctx_size})")
-    if threads is not None and threads < 1:
-        raise ValueError(f"threads must be >= 1 (got {threads})")
-    if p_min is not None and not 0 <= p_min <= 1:
-        raise ValueError(f"p_min must be in [0, 1] (got {p_min})")
-    drafts = loader.default_drafts(target) if draft is None else _specs(draft)
+    _integer("k", k, 0, K_MAX, what="a number of draft tokens", none="for the cost model's choice")
+    _integer("ctx_size", ctx_size, 16)
+    for name, layers in (("gpu_layers", gpu_layers), ("draft_gpu_layers", draft_gpu_layers)):
+        _integer(name, layers, what="a number of layers (negative: all)", none="for the default")
+    _integer("threads", threads, 1, none="for the physical cores")
+    _fraction("p_min", p_min)
+    for name, flag in (("offline", offline), ("force", force), ("strict", strict), ("verbose", verbose)):
+        _flag(name, flag)
+    drafts = loader.default_drafts(target) if specs is None else specs
     cfg = loader.LoadConfig(
         target=target,
         drafts=drafts,
@@ -203,7 +213,10 @@ def load(
         strict=strict,
         verbose=verbose,
     )
-    return LoadedModel(loader.LoadedEngine(loader.load(cfg)), params, k, p_min)
+    loaded = loader.load(cfg)
+    for line in loaded.warnings:  # what `run` prints before answering: a stock llama.cpp build, ...
+        warnings.warn(line, stacklevel=2)
+    return LoadedModel(loader.LoadedEngine(loaded), params, k, p_min)
 
 
 def stream(
@@ -235,8 +248,14 @@ def stream(
     from .decoding.session import answer_events, follow_temperature
     from .models.loader import chat_prompt
 
-    if max_tokens < 1:
-        raise ValueError(f"max_tokens must be >= 1 (got {max_tokens})")
+    if not isinstance(model, LoadedModel):
+        raise ValueError(f"model must be what specchat.load returned (got {shown(model)})")
+    messages = _messages(prompt, system)
+    _flag("raw", raw)
+    _integer("max_tokens", max_tokens, 1)
+    _integer("seed", seed, 0, none="for a fresh draw")
+    _flag("draft", draft)
+    processors = _processors(logits_processors)
     params = _sampling(model.params, sampling)
     try:
         params.check_vocab(model.engine.target.n_vocab)
@@ -244,13 +263,6 @@ def stream(
         raise ValueError(exc.line(exc.setting.name)) from None
     if model._active is not None:
         model._active.close()
-    if isinstance(prompt, str):
-        messages = [
-            *([{"role": "system", "content": system}] if system else []),
-            {"role": "user", "content": prompt},
-        ]
-    else:
-        messages = [dict(m) for m in prompt]
     tokens, warning = chat_prompt(model.engine.loaded.target, messages, raw=raw)
     if warning:  # e.g. no chat template: the prompt is used as plain text
         warnings.warn(warning, stacklevel=2)
@@ -266,7 +278,7 @@ def stream(
         max_tokens=max_tokens,
         rng=np.random.default_rng(seed),
         tally=tally,
-        processors=tuple(logits_processors),
+        processors=processors,
     )
     model._active = Stream(events, tally)
     return model._active
@@ -309,7 +321,7 @@ def generate(
 
 def _sampling(base: SamplingParams, given: Mapping[str, Any]) -> SamplingParams:
     """`base` with the sampling settings `given` by keyword; ValueError naming an unknown keyword or
-    the keyword whose value is out of range."""
+    the keyword whose value is of the wrong type or out of range (`SamplingParams` checks both)."""
     from .decoding.settings import SETTINGS
 
     names = {s.name for s in SETTINGS}
@@ -322,10 +334,97 @@ def _sampling(base: SamplingParams, given: Mapping[str, Any]) -> SamplingParams:
         return replace(base, **given)
     except SettingError as exc:
         raise ValueError(exc.line(exc.setting.name)) from None
-    except TypeError as exc:  # a value of another type altogether (a string for a number, ...)
-        raise ValueError(f"a sampling setting of the wrong type: {exc}") from None
 
 
-def _specs(draft: str | Sequence[str]) -> tuple[str, ...]:
-    """`load`'s `draft` as the loader's tuple of specs, each once."""
-    return (draft,) if isinstance(draft, str) else tuple(dict.fromkeys(draft))
+# --- the other keywords' checks: ValueError naming the keyword and what it takes ------------------------
+
+
+def _integer(
+    name: str,
+    value: object,
+    lo: int | None = None,
+    hi: int | None = None,
+    *,
+    what: str = "an integer",
+    none: str | None = None,
+) -> None:
+    """ValueError unless `value` is an integer in [lo, hi], or None where `none` says what None means."""
+    if value is None and none is not None:
+        return
+    if is_integer(value) and (lo is None or value >= lo) and (hi is None or value <= hi):
+        return
+    bounds = f" in {lo}..{hi}" if lo is not None and hi is not None else f" >= {lo}" if lo is not None else ""
+    alternative = f", or None {none}" if none is not None else ""
+    raise ValueError(f"{name} must be {what}{bounds}{alternative} (got {shown(value)})")
+
+
+def _fraction(name: str, value: object) -> None:
+    """ValueError unless `value` is None (the default) or a number in [0, 1] (not NaN, not a bool)."""
+    if value is None:
+        return
+    if isinstance(value, numbers.Real) and not isinstance(value, bool) and 0 <= value <= 1:
+        return
+    raise ValueError(f"{name} must be a number in [0, 1], or None for the default (got {shown(value)})")
+
+
+def _flag(name: str, value: object) -> None:
+    """ValueError unless `value` is True or False: a string such as "no" would count as true."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be True or False (got {shown(value)})")
+
+
+def _model_ref(name: str, value: object) -> str:
+    """A model reference as the loader takes it: a string (or a path object, as its string)."""
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    if isinstance(value, str) and value:
+        return value
+    raise ValueError(
+        f"{name} must be a model: an alias, a .gguf path, hf:ORG/REPO/FILE.gguf or ORG/REPO:QUANT "
+        f"(got {shown(value)})"
+    )
+
+
+def _specs(draft: object) -> tuple[str, ...]:
+    """`load`'s `draft` as the loader's tuple of specs, each once: one spec, or a sequence of them."""
+    if isinstance(draft, str | os.PathLike):
+        return (_model_ref("draft", draft),)
+    if not isinstance(draft, Sequence) or isinstance(draft, bytes):
+        raise ValueError(
+            f"draft must be a drafter (a model, or a spec such as 'ngram'), a sequence of them, or None "
+            f"(got {shown(draft)})"
+        )
+    return tuple(dict.fromkeys(_model_ref("draft", d) for d in draft))
+
+
+def _messages(prompt: object, system: object) -> list[dict[str, Any]]:
+    """The conversation `stream` answers: the user's message after `system`, or the messages given
+    (each a mapping with a string `role` and a string or None `content`), copied."""
+    if system is not None and not isinstance(system, str):
+        raise ValueError(f"system must be a string or None (got {shown(system)})")
+    if isinstance(prompt, str):
+        return [
+            *([{"role": "system", "content": system}] if system else []),
+            {"role": "user", "content": prompt},
+        ]
+    takes = 'prompt must be a string or a non-empty sequence of {"role": ..., "content": ...} messages'
+    if not isinstance(prompt, Sequence) or isinstance(prompt, bytes) or not prompt:
+        raise ValueError(f"{takes} (got {shown(prompt)})")
+    for m in prompt:
+        if (
+            not isinstance(m, Mapping)
+            or not isinstance(m.get("role"), str)
+            or not isinstance(m.get("content"), str | None)
+        ):
+            raise ValueError(f"{takes} (got the message {shown(m)})")
+    return [dict(m) for m in prompt]
+
+
+def _processors(given: object) -> tuple[LogitsProcessor, ...]:
+    """`logits_processors` as the loop takes them: a sequence of callables."""
+    if isinstance(given, Sequence) and not isinstance(given, str | bytes) and all(callable(p) for p in given):
+        return tuple(given)
+    raise ValueError(
+        "logits_processors must be a sequence of functions (tokens so far, logits row) -> row "
+        f"(got {shown(given)})"
+    )

@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,7 +15,9 @@ from typer.testing import CliRunner
 
 import specchat
 from specchat.cli import app
+from specchat.decoding.settings import SamplingParams
 from specchat.errors import ModelNotFound
+from tests.test_settings import TYPE_CASES, TYPE_IDS
 
 runner = CliRunner()
 PROMPT = "Once upon a time"
@@ -107,7 +110,8 @@ def test_a_processor_of_your_own_keeps_the_answer_the_targets(model):
         ({"top_p": 2.0}, "top_p must be in (0, 1]"),
         ({"temprature": 0.5}, "unknown setting 'temprature'"),
         ({"logit_bias": {99999999: 1}}, "logit_bias names token 99999999, beyond the vocabulary"),
-        ({"max_tokens": 0}, "max_tokens must be >= 1"),
+        ({"max_tokens": 0}, "max_tokens must be an integer >= 1 (got 0)"),
+        ({"top_k": 2.5}, "top_k must be an integer >= 0 (got 2.5)"),
     ],
 )
 def test_bad_settings_are_a_value_error_naming_the_keyword(model, kwargs, says):
@@ -119,7 +123,7 @@ def test_bad_settings_are_a_value_error_naming_the_keyword(model, kwargs, says):
 def test_load_checks_its_own_settings_before_anything_loads(tiny_target):
     for kwargs, says in (
         ({"k": 65}, "k must be a number of draft tokens in 0..64"),
-        ({"ctx_size": 8}, "ctx_size must be >= 16"),
+        ({"ctx_size": 8}, "ctx_size must be an integer >= 16 (got 8)"),
         ({"top_k": -1}, "top_k must be >= 0"),
     ):
         with pytest.raises(ValueError) as info:
@@ -127,3 +131,104 @@ def test_load_checks_its_own_settings_before_anything_loads(tiny_target):
         assert says in str(info.value)
     with pytest.raises(ModelNotFound):
         specchat.load("no-such-model.gguf")
+
+
+# --- every keyword's type, checked at the call (nothing is loaded: the target does not exist) -----------
+
+
+@pytest.mark.parametrize(("setting", "value"), TYPE_CASES, ids=TYPE_IDS)
+def test_a_sampling_setting_of_the_wrong_type_is_a_value_error_naming_it_at_load_and_per_answer(
+    setting, value
+):
+    """Over every entry of the settings table (a new setting is covered without a new test)."""
+    with pytest.raises(ValueError) as info:
+        specchat.load("no-such-model.gguf", **{setting.name: value})
+    assert str(info.value).startswith(f"{setting.name} ") and "must" in str(info.value)
+    with pytest.raises(ValueError) as info:
+        specchat.stream(unloaded(), PROMPT, **{setting.name: value})
+    assert str(info.value).startswith(f"{setting.name} ") and "must" in str(info.value)
+
+
+def unloaded() -> specchat.LoadedModel:
+    """A LoadedModel with no models behind it: `stream` checks every keyword before it touches them."""
+    return specchat.LoadedModel(engine=None, params=SamplingParams(), k=None, p_min=None)  # type: ignore[arg-type]
+
+
+TAKES_BOOL = "must be True or False"
+LOAD_CASES = [
+    ("target", [5, None, "", b"x.gguf"], "target must be a model: an alias, a .gguf path"),
+    ("draft", [5, b"x", {"ngram": 1}], "draft must be a drafter"),
+    ("draft", [[5], ["ngram", None]], "draft must be a model"),
+    ("k", [2.5, 3.0, True, "3", 65, -1], "k must be a number of draft tokens in 0..64, or None for the cost"),
+    ("ctx_size", [8, 4096.0, "4096", None, True], "ctx_size must be an integer >= 16"),
+    ("gpu_layers", [1.5, "all", True], "gpu_layers must be a number of layers (negative: all), or None"),
+    ("draft_gpu_layers", [1.5, "all", False], "draft_gpu_layers must be a number of layers"),
+    ("threads", [0, 2.0, True, "2"], "threads must be an integer >= 1, or None for the physical cores"),
+    ("p_min", [float("nan"), 1.5, -0.1, "0.5", True], "p_min must be a number in [0, 1], or None"),
+    ("offline", ["no", 1, None], f"offline {TAKES_BOOL}"),
+    ("force", ["yes", 0], f"force {TAKES_BOOL}"),
+    ("strict", [None, 1.0], f"strict {TAKES_BOOL}"),
+    ("verbose", ["false"], f"verbose {TAKES_BOOL}"),
+]
+STREAM_CASES = [
+    ("prompt", [5, None, [], b"hi", ["hi"], [{"role": 1, "content": "x"}], [{"content": "x"}]],
+     "prompt must be a string or a non-empty sequence of"),
+    ("system", [5, ["x"]], "system must be a string or None"),
+    ("raw", ["yes", 1], f"raw {TAKES_BOOL}"),
+    ("max_tokens", [0, 1.5, 8.0, True, "8", None], "max_tokens must be an integer >= 1"),
+    ("seed", [-1, 1.5, True, "1"], "seed must be an integer >= 0, or None for a fresh draw"),
+    ("draft", ["no", None], f"draft {TAKES_BOOL}"),
+    ("logits_processors", [[1], "f", None, lambda ids, row: row], "logits_processors must be a sequence of"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("keyword", "values", "says"), LOAD_CASES, ids=[c[0] for c in LOAD_CASES])
+def test_load_refuses_a_keyword_of_the_wrong_type_or_range_naming_it(keyword, values, says):
+    for value in values:
+        args = {"target": "no-such-model.gguf", keyword: value}
+        with pytest.raises(ValueError) as info:
+            specchat.load(**args)
+        assert str(info.value).startswith(says), (value, str(info.value))
+        assert f"(got {value!r})" in str(info.value) or keyword == "draft"
+
+
+@pytest.mark.parametrize(("keyword", "values", "says"), STREAM_CASES, ids=[c[0] for c in STREAM_CASES])
+def test_an_answer_refuses_a_keyword_of_the_wrong_type_or_range_naming_it(keyword, values, says):
+    for value in values:
+        for call in (specchat.stream, specchat.generate):
+            args = {"prompt": PROMPT, keyword: value}
+            with pytest.raises(ValueError) as info:
+                call(unloaded(), **args)
+            assert str(info.value).startswith(says), (value, str(info.value))
+
+
+def test_an_answer_needs_the_model_load_returned():
+    for model in (None, "qwen2.5-coder-1.5b"):
+        with pytest.raises(ValueError, match=r"^model must be what specchat.load returned"):
+            specchat.generate(model, PROMPT)  # type: ignore[arg-type]
+
+
+def test_keywords_of_the_right_kind_pass_the_checks():
+    """What the checks take: numpy integers where an integer goes, path objects for models, a tuple of
+    drafters; the load then fails only because the model does not exist."""
+    for kwargs in (
+        {"k": np.int64(3), "ctx_size": np.int32(64), "p_min": np.float64(0.5), "top_k": np.int64(2)},
+        {"draft": ("ngram",), "gpu_layers": -1, "draft_gpu_layers": 0, "threads": 1, "temperature": 1},
+    ):
+        with pytest.raises(ModelNotFound):
+            specchat.load(Path("no-such-model.gguf"), **kwargs)  # type: ignore[arg-type]
+
+
+def test_a_stock_llama_cpp_build_is_a_warning_at_load(tiny_target, monkeypatch):
+    """What `run` prints before answering is a `warnings.warn` here: on a stock build, which build it
+    is and how to get the patched one."""
+    from specchat.llama import build, buildcheck
+
+    stock = {"key": "stockbuild00", "version": build.PINNED, "libraries": []}
+    monkeypatch.setattr(buildcheck, "build_identity", lambda: stock)
+    with pytest.warns(UserWarning, match=r"^stock llama-cpp-python .*make install") as caught:
+        loaded = specchat.load(str(tiny_target), draft=(), threads=1, ctx_size=128)
+    with loaded:
+        assert loaded.warnings[0].startswith("stock llama-cpp-python")
+        assert loaded.warnings[0] in {str(w.message) for w in caught}
+        assert len(specchat.generate(loaded, PROMPT, max_tokens=2).tokens) == 2

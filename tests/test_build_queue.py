@@ -9,12 +9,18 @@ from __future__ import annotations
 import io
 import shutil
 import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
 import pytest
 
-from specchat.llama import build, patchqueue
+from specchat.llama import build, installed, patchqueue
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised only on 3.10
+    import tomli as tomllib
 
 CPU_FILE = "ggml/src/ggml-cpu/ops.c"
 METAL_FILE = "ggml/src/ggml-metal/ops.cpp"
@@ -311,3 +317,58 @@ def _headers(paths: list[str]) -> list[str]:
     wanted = ("ggml/include/", "ggml/src/ggml-metal/", "ggml/src/")
     headers = [n for n in names if n.endswith(".h") and n.startswith(wanted) and n.count("/") <= 3]
     return [*paths, *headers]
+
+
+# --- what is installed: the pin, and the patched build told from a stock one -----------------------------
+
+
+def test_pyproject_requires_the_release_the_build_pins():
+    """One source of truth: `build.PINNED`. A `pip install .` outside the Makefile then gets that
+    release (stock), and the patched wheel's local version satisfies the same requirement."""
+    pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
+    deps = tomllib.loads(pyproject.read_text(encoding="utf-8"))["project"]["dependencies"]
+    assert [d for d in deps if d.startswith(build.PACKAGE)] == [f"{build.PACKAGE}=={build.PINNED}"]
+    specifiers = pytest.importorskip("packaging.specifiers")
+    pin = specifiers.SpecifierSet(f"=={build.PINNED}")
+    assert pin.contains(build.local_version(build.PINNED, build.patch_queue()))
+    assert pin.contains(build.PINNED) and not pin.contains("0.3.16") and not pin.contains("0.3.37")
+
+
+def _checkout(tmp_path: Path, patches: list[Path]) -> Path:
+    """A folder laid out as a checkout is, holding `patches` as its queue."""
+    folder = tmp_path / "checkout" / "patches" / "llama.cpp"
+    folder.mkdir(parents=True)
+    for p in patches:
+        shutil.copy(p, folder / p.name)
+    return tmp_path / "checkout"
+
+
+def test_the_installed_build_is_told_patched_or_stock_by_its_version(tmp_path, queue):
+    root = _checkout(tmp_path, queue[0])
+    ours = build.patch_queue(root)
+    for held in (patchqueue.for_build(ours, metal=False), ours):  # a CPU build's queue, a Metal build's
+        version = build.local_version(build.PINNED, held)
+        patched = installed.describe(version, root=root)
+        assert (patched.kind, patched.queue) == ("patched", build.queue_hash(held))
+        assert patched.warning() is None and patched.advice() is None
+        assert patched.line() == (
+            f"patched llama-cpp-python {version} (specchat's llama.cpp patch queue {build.queue_hash(held)})"
+        )
+    stock = installed.describe(build.PINNED, root=root)
+    assert (stock.kind, stock.queue) == ("stock", None)
+    warning = stock.warning()
+    assert warning is not None and "\n" not in warning
+    assert warning.startswith(f"stock llama-cpp-python {build.PINNED} (no llama.cpp patch queue): ")
+    assert "`make install`" in warning and "`python -m specchat.llama.build install`" in warning
+    older = installed.describe("0.3.16", root=root)
+    assert older.kind == "stock" and f"specchat pins {build.PINNED}" in older.line()
+
+
+def test_a_patched_build_of_another_queue_is_named_where_the_checkout_can_tell(tmp_path, queue):
+    other = f"{build.PINNED}+specchat.0123456789"
+    stale = installed.describe(other, root=_checkout(tmp_path, queue[0]))
+    assert stale.kind == "patched, another queue" and "make install" in (stale.warning() or "")
+    # installed from a wheel (no patches beside the package): nothing to compare with, so not stale
+    assert installed.describe(other, root=tmp_path / "site-packages").kind == "patched"
+    missing = installed.Installed(None)
+    assert missing.kind == "not installed" and "make install" in (missing.advice() or "")

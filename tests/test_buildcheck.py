@@ -284,3 +284,58 @@ def test_doctor_shows_the_check_and_its_result():
     assert check["status"] == CRASHED and check["buffers"] == ["AMX"] and "make install" in check["fix"]
     text = CliRunner().invoke(app, ["doctor", "--offline"], env={"COLUMNS": "300"}).stdout
     assert "self-check" in text and "crashed · quantised-matmul self-check" in text
+
+
+# --- a stock llama-cpp-python (pip install . outside the Makefile): used, with one line saying so --------
+
+
+#: `run` with the tiny target (appended) at its quickest: no drafts, two tokens
+RUN_TWO_TOKENS = ["run", "--no-draft", "-p", "hi", "-n", "2", "--threads", "1", "--ctx-size", "128"]
+
+
+def _stock(monkeypatch: pytest.MonkeyPatch) -> dict[str, object]:
+    """Make the installed build look like stock llama-cpp-python at the pinned release (the version is
+    what tells them apart; a key of its own, as a reinstall would give)."""
+    ident = {"key": "stockbuild00", "version": build.PINNED, "libraries": []}
+    monkeypatch.setattr(buildcheck, "build_identity", lambda: ident)
+    return ident
+
+
+def test_a_stock_build_runs_with_one_warning_line_naming_the_fix(tiny_target, monkeypatch):
+    """A warning, not a refusal, --strict included (why: installed.Installed.warning)."""
+    _stock(monkeypatch)
+    args = [*RUN_TWO_TOKENS, str(tiny_target)]
+    for extra in ([], ["--strict"]):
+        res = CliRunner().invoke(app, [*args, *extra], env={"COLUMNS": "400"})
+        assert res.exit_code == 0, res.output
+        said = [ln for ln in res.stderr.splitlines() if "llama-cpp-python" in ln]
+        assert len(said) == 1, res.stderr
+        stock = f"stock llama-cpp-python {build.PINNED} (no llama.cpp patch queue)"
+        assert said[0].startswith(f"warning: {stock}: ")
+        assert "make install" in said[0] and "Traceback" not in res.stderr
+
+
+def test_the_patched_build_loads_without_a_word_about_it(tiny_target):
+    if buildcheck.installed_build().kind != "patched":
+        pytest.skip("this environment's llama-cpp-python is not this checkout's patched build")
+    args = [*RUN_TWO_TOKENS, str(tiny_target)]
+    res = CliRunner().invoke(app, args, env={"COLUMNS": "400"})
+    assert res.exit_code == 0, res.output
+    assert "llama-cpp-python" not in res.stderr
+
+
+def test_doctor_says_which_build_is_installed(monkeypatch):
+    def shown() -> dict[str, object]:
+        report = json.loads(CliRunner().invoke(app, ["doctor", "--offline", "--json"]).stdout)
+        return report["build_check"]["build"]
+
+    real = buildcheck.installed_build()
+    said = shown()
+    assert (said["kind"], said["version"], said["line"]) == (real.kind, real.version, real.line())
+    _stock(monkeypatch)
+    said = shown()
+    assert (said["kind"], said["version"], said["queue"]) == ("stock", build.PINNED, None)
+    assert "make install" in str(said["fix"])
+    text = CliRunner().invoke(app, ["doctor", "--offline"], env={"COLUMNS": "300"}).stdout
+    assert f"stock llama-cpp-python {build.PINNED} (no llama.cpp patch queue)" in text
+    assert "python -m specchat.llama.build install" in text

@@ -6,9 +6,14 @@ The checks go over `SETTINGS`, so a setting added to the table is tested here wi
 from __future__ import annotations
 
 import json
+import re
 
 import httpx
+import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import settings as examples
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from specchat.cli import app
@@ -61,6 +66,88 @@ def test_params_refuse_out_of_range_naming_the_setting(setting, value):
     assert info.value.setting is setting
     assert str(info.value).startswith(f"{setting.flag} must be {setting.range}")
     assert info.value.line("x").startswith("x must be")
+
+
+def wrong_types(s: Setting) -> list[object]:
+    """Values of the wrong type for the setting: a bool (an int to Python), a string, None, a list,
+    and for an integer setting floats, a whole one included; for a per-token one, anything but a
+    mapping (or pairs) from integer ids to numbers."""
+    if s.per_token:
+        return ["15=1", 5, None, {1: "x"}, {1: True}, {1.5: 1.0}, {True: 1.0}, [(1, 2, 3)]]
+    common: list[object] = [True, False, "1", None, [1], {"x": 1}, b"1", complex(1, 0)]
+    return [*common, 2.5, 2.0, float("nan")] if s.type is int else common
+
+
+TYPE_CASES = [(s, v) for s in SETTINGS for v in wrong_types(s)]
+TYPE_IDS = [f"{s.name}={v!r}" for s, v in TYPE_CASES]
+
+
+@pytest.mark.parametrize(("setting", "value"), TYPE_CASES, ids=TYPE_IDS)
+def test_params_refuse_a_value_of_the_wrong_type_naming_the_setting_and_what_it_takes(setting, value):
+    """Over every setting of the table, so a new one is covered by adding it: a bool, a string, a
+    float where an integer goes, ... are refused when the params are made, not deep in the sampler."""
+    with pytest.raises(SettingError) as info:
+        SamplingParams(**{setting.name: value})
+    assert info.value.setting is setting
+    takes = {int: "an integer", float: "a number", tuple: None}[setting.type]
+    says = info.value.line(setting.name)
+    assert says.startswith(f"{setting.name} ") and "must" in says and "\n" not in says
+    if takes is not None:
+        assert says == f"{setting.name} must be {takes} {setting.range} (got {value!r})"
+
+
+@pytest.mark.parametrize("setting", NUMBERS, ids=[s.name for s in NUMBERS])
+def test_nan_and_infinities_are_out_of_every_range(setting):
+    for value in (float("nan"), float("inf"), -float("inf")):
+        if setting.type is float:
+            with pytest.raises(SettingError, match=f"must be {re.escape(str(setting.range))}"):
+                SamplingParams(**{setting.name: value})
+
+
+@pytest.mark.parametrize("setting", SETTINGS, ids=[s.name for s in SETTINGS])
+def test_values_of_the_right_kind_are_held_as_the_settings_type(setting):
+    """An int where a float goes, numpy scalars: taken, and held as the setting's own type, so equal
+    settings compare and hash alike whatever their caller wrote."""
+    if setting.per_token:
+        params = SamplingParams(**{setting.name: {np.int64(3): np.float32(1.5), 2: 1}})
+        held = getattr(params, setting.name)
+        assert held == ((2, 1.0), (3, 1.5)) and all(type(t) is int and type(v) is float for t, v in held)
+        return
+    value = setting.default
+    for kind in (setting.type, np.int64 if setting.type is int else np.float64):
+        held = getattr(SamplingParams(**{setting.name: kind(value)}), setting.name)
+        assert type(held) is setting.type and held == value
+    if setting.type is float and float(int(value)) == value:
+        assert type(getattr(SamplingParams(**{setting.name: int(value)}), setting.name)) is float
+
+
+ANYTHING = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(10**6), 10**6),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=4),
+    st.lists(st.integers(0, 9), max_size=2),
+    st.dictionaries(st.integers(-2, 9), st.one_of(st.floats(-200, 200), st.booleans(), st.text())),
+)
+
+
+@pytest.mark.parametrize("setting", SETTINGS, ids=[s.name for s in SETTINGS])
+@examples(max_examples=60, deadline=None)
+@given(value=ANYTHING)
+def test_any_value_is_either_held_in_range_or_refused_naming_the_setting(setting, value):
+    """The property every setting keeps, whatever it is given: either the params hold a value of its
+    type within its range, or one SettingError names it (the Python API's ValueError)."""
+    try:
+        params = SamplingParams(**{setting.name: value})
+    except SettingError as exc:
+        assert exc.setting is setting and exc.line(setting.name).startswith(f"{setting.name} ")
+        return
+    held = getattr(params, setting.name)
+    if setting.per_token:
+        assert all(type(t) is int and t >= 0 and v in setting.range for t, v in held)
+    else:
+        assert type(held) is setting.type and held in setting.range
 
 
 @pytest.mark.parametrize("command", COMMANDS)

@@ -222,14 +222,17 @@ def llama_cpp_facts() -> dict[str, Any]:
 
 
 def build_check_facts() -> dict[str, Any]:
-    """The stored verdict of `make install`'s llama.cpp self-check for the installed build (never runs
-    the probe: that takes seconds and, on a bad build, a crashing child process)."""
-    from specchat.llama import build, buildcheck
+    """Which llama-cpp-python build is installed (specchat's patched one or a stock one) and the stored
+    verdict of `make install`'s llama.cpp self-check for it (never runs the probe: that takes seconds
+    and, on a bad build, a crashing child process)."""
+    from specchat.llama import buildcheck
 
     ident = buildcheck.build_identity()
     result = buildcheck.stored_result(ident)
     out: dict[str, Any] = {"name": buildcheck.CHECK_NAME, "build_key": ident["key"]}
-    out["exactness"] = exactness_facts(result, build.installed_queue(ident["version"]))
+    installed = buildcheck.installed_build(ident)
+    out["build"] = installed_build_facts(installed)
+    out["exactness"] = exactness_facts(result, installed.queue)
     if result is None:
         out.update(
             status="not checked",
@@ -247,6 +250,22 @@ def build_check_facts() -> dict[str, Any]:
     )
     if result.bad:
         out["fix"] = f"run `make install`, or: {buildcheck.fix_command(result.version)}"
+    return out
+
+
+def installed_build_facts(installed: Any) -> dict[str, Any]:
+    """Which llama-cpp-python build is installed (`llama.installed.Installed`): "patched", "patched,
+    another queue", "stock" or "not installed", its version and queue, the line the report shows, and
+    -- for any but this checkout's patched build -- what to do (what every load's warning says)."""
+    out: dict[str, Any] = {
+        "kind": installed.kind,
+        "version": installed.version,
+        "queue": installed.queue,
+        "line": installed.line(),
+    }
+    advice = installed.advice()
+    if advice is not None:
+        out["fix"] = advice
     return out
 
 

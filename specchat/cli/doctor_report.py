@@ -60,10 +60,22 @@ def render_report(report: dict[str, Any]) -> Group:
 def _build_table(b: dict[str, Any], check: dict[str, Any] | None = None) -> Table:
     table = _error_table("llama.cpp build", b) if _failed(b) else _build_facts_table(b)
     if check is not None:
+        if isinstance(check.get("build"), dict):
+            _add_installed_row(table, check["build"])
         _add_check_row(table, check)
         if isinstance(check.get("exactness"), dict):
             _add_exactness_row(table, check["exactness"])
     return table
+
+
+def _add_installed_row(t: Table, b: dict[str, Any]) -> None:
+    """One row: which llama-cpp-python is installed, specchat's patched build (green) or another
+    (yellow: a stock build, or one patched from another checkout's queue), and how to get the patched one."""
+    colour = "green" if b.get("kind") == "patched" else "yellow"
+    text = f"[{colour}]{_cell(b.get('line'))}[/]"
+    if b.get("fix"):
+        text += f"\n{_cell(b['fix'])}"
+    t.add_row("build", text)
 
 
 def _add_exactness_row(t: Table, e: dict[str, Any]) -> None:

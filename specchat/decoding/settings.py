@@ -11,9 +11,15 @@ else reads it:
   JSON type against the setting's type, and takes `serve`'s `SamplingParams` for what is left out;
 - the server's worker and the terminal chat pass that `SamplingParams` on as it is.
 
-Ranges are checked in one place: `SamplingParams.__post_init__`, so no `SamplingParams` out of range
-exists. It raises `SettingError`, which each caller words with its own name for the setting: the flag
-on the command line (`--top-p must be in (0, 1] ...`), the field in an HTTP 400 (`param: top_p`).
+Types and ranges are checked in one place: `SamplingParams.__post_init__`, so no `SamplingParams` of
+the wrong type or out of range exists. An integer setting takes an integer (not a bool, not 2.5, not
+2.0: a float there is a mistake the caller should hear about, not a value to round), a number setting
+any real number but a bool (an int or numpy scalar held as a float, so equal settings hash alike), and
+NaN and infinities are out of every range. The command line and the HTTP parser hand over values of
+the right type already; the Python API hands over what its caller wrote, so this is where `top_k=2.5`
+is refused rather than failing later inside the sampler. It raises `SettingError`, which each caller
+words with its own name for the setting: the flag on the command line (`--top-p must be in (0, 1]
+...`), the field in an HTTP 400 (`param: top_p`), the keyword in the Python API.
 Token ids are checked against a vocabulary once one is loaded (`SamplingParams.check_vocab`).
 
 Most settings are one number. A per-token setting (`logit_bias`) maps token ids to numbers: declared
@@ -47,9 +53,10 @@ Imports only the standard library: the CLI builds its options from this module a
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Iterable, Mapping
 from dataclasses import Field, dataclass, field, fields
-from typing import Any, TypeVar
+from typing import Any, TypeGuard, TypeVar
 
 T = TypeVar("T", int, float)
 
@@ -77,7 +84,7 @@ class Range:
     hi_open: bool = False
 
     def __contains__(self, value: float) -> bool:
-        if not math.isfinite(value):
+        if not isinstance(value, int) and not math.isfinite(value):  # an int may be too big for a float
             return False
         if value < self.lo or (self.lo_open and value == self.lo):
             return False
@@ -110,15 +117,27 @@ class Setting:
         """Whether the setting maps token ids to numbers (given as ID=VALUE pairs)."""
         return self.type is tuple
 
-    def check(self, value: Any) -> None:
-        """SettingError unless `value` is in range (NaN and infinities never are); for a per-token
-        setting, every id an integer >= 0 and every value in range."""
-        if not self.per_token:
-            if value not in self.range:
-                raise SettingError(self, value)
-            return
-        for token, v in value:
-            if not _is_int(token) or token < 0:
+    def held(self, value: Any) -> int | float | TokenMap:
+        """`value` as `SamplingParams` holds it -- an int, a float, or sorted (id, value) pairs -- once
+        its type and range are checked (NaN and infinities are never in range; a per-token setting's
+        ids must be integers >= 0 and its values in range); SettingError saying what it takes."""
+        if self.per_token:
+            return self.token_map(value)
+        if self.type is int:
+            if not is_integer(value):
+                raise SettingError(self, value, f"must be an integer {self.range} (got {shown(value)})")
+            value = int(value)
+        else:
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                raise SettingError(self, value, f"must be a number {self.range} (got {shown(value)})")
+            value = float(value)
+        if value not in self.range:
+            raise SettingError(self, value)
+        return value
+
+    def _check_pairs(self, pairs: TokenMap) -> None:
+        for token, v in pairs:
+            if not is_integer(token) or token < 0:
                 raise SettingError(self, token, f"token ids must be integers >= 0 (got {token!r})")
             if v not in self.range:
                 raise SettingError(self, v, f"values must be {self.range} (got {v:g} for token {token})")
@@ -128,13 +147,17 @@ class Setting:
         given twice winning; SettingError when it is not id-number pairs at all."""
         try:
             pairs = list(value.items() if isinstance(value, Mapping) else value)
-            merged = {token: float(v) for token, v in pairs if not isinstance(v, bool | str)}
+            merged = {
+                int(token) if is_integer(token) else token: float(v)
+                for token, v in pairs
+                if not isinstance(v, bool) and isinstance(v, numbers.Real)
+            }
         except (TypeError, ValueError):
             raise SettingError(self, 0, "must map token ids to numbers") from None
         if len(merged) != len({token for token, _ in pairs}):
             raise SettingError(self, 0, "must map token ids to numbers")
-        out = tuple(sorted(merged.items(), key=lambda kv: kv[0] if _is_int(kv[0]) else -1))
-        self.check(out)
+        out = tuple(sorted(merged.items(), key=lambda kv: kv[0] if is_integer(kv[0]) else -1))
+        self._check_pairs(out)
         return out
 
     def parse_pairs(self, texts: Iterable[str]) -> TokenMap:
@@ -153,15 +176,24 @@ class Setting:
         return self.token_map(pairs)
 
 
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+def is_integer(value: object) -> TypeGuard[int]:
+    """An integer, numpy's included (they register as `numbers.Integral`), but not a bool: True is 1
+    to Python, but `top_k=True` is a mistake."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def shown(value: object) -> str:
+    """A value of the wrong type as a message quotes it: its repr, cut short (it may be anything)."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 class SettingError(ValueError):
-    """A setting out of range. `str()` names the flag; `line(label)` words it for another caller.
-    `problem` says what is wrong where "must be in RANGE (got VALUE)" would not (a token id)."""
+    """A setting of the wrong type or out of range. `str()` names the flag; `line(label)` words it for
+    another caller. `problem` says what is wrong where "must be in RANGE (got VALUE)" would not (a
+    token id, a value that is not a number)."""
 
-    def __init__(self, setting: Setting, value: int | float, problem: str | None = None) -> None:
+    def __init__(self, setting: Setting, value: object, problem: str | None = None) -> None:
         self.setting = setting
         self.value = value
         self.problem = problem
@@ -243,10 +275,9 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         for s in SETTINGS:
-            if s.per_token:  # a mapping or pairs, held as sorted pairs
-                object.__setattr__(self, s.name, s.token_map(getattr(self, s.name)))
-            else:
-                s.check(getattr(self, s.name))
+            # held as the setting's own type: a per-token mapping as sorted pairs, 1 as 1.0 where a
+            # float is meant (so equal settings compare and hash alike)
+            object.__setattr__(self, s.name, s.held(getattr(self, s.name)))
 
     @property
     def greedy(self) -> bool:

@@ -12,10 +12,16 @@ Why a wheel cache: the build takes ~15 minutes on 2 cores. The cache key covers 
 the binary (version, the patches' bytes, CMAKE_ARGS, the machine and its CPU flags), so a reinstall
 with the same inputs -- a fresh clone's `make install`, CI -- installs the cached wheel in seconds,
 and any change builds anew. The wheel carries a PEP 440 local version (`0.3.36+specchat.<queue hash>`),
-which still satisfies `llama-cpp-python>=...` and tells `specchat doctor` which queue it holds.
+which still satisfies pyproject.toml's `llama-cpp-python==0.3.36` and tells `specchat doctor` which queue
+it holds.
 
-A plain `pip install specchat` never comes here: it gets stock llama-cpp-python, which works as before
-(the invariance probe then reports where its batches part and the planner keeps its tie margin).
+A plain `pip install specchat` (or `pip install .` in a checkout) never comes here: it gets stock
+llama-cpp-python at the pinned version (pyproject.toml's requirement is `==PINNED`, which the patched
+wheel's local version also satisfies), which works as before (the invariance probe then reports where
+its batches part and the planner keeps its tie margin). It is not silent about it: `llama/installed.py`
+tells the patched build from the stock one by that local version, every model load says in one line
+that a stock build is in use and how to get the patched one, and `specchat doctor` shows which build
+is installed.
 
 Metal builds (macOS, or CMAKE_ARGS with -DGGML_METAL=ON) also take the queue's Metal patch, which
 only changes which Metal kernels verify batches run; should that build fail to compile, it is built
@@ -50,7 +56,9 @@ from pathlib import Path
 
 from . import patchqueue
 
-#: the llama-cpp-python release whose vendored llama.cpp the patch queue is written against
+#: the llama-cpp-python release whose vendored llama.cpp the patch queue is written against; pyproject.toml
+#: requires exactly this release (`llama-cpp-python==PINNED`, tests/test_build_queue.py checks it), so a
+#: `pip install .` outside the Makefile gets the release the queue and the engine are written for
 PINNED = "0.3.36"
 PACKAGE = "llama-cpp-python"
 LOCAL_TAG = "specchat"

@@ -17,7 +17,9 @@ pass, wrong numbers, crashed, or could not run. The verdict is stored under the 
 `python -m specchat.llama.buildcheck install` is the end of `make install`: on a failed check it rebuilds
 llama-cpp-python (same version, no wheel cache, explicit x86 flags from /proc/cpuinfo, never AMX, the
 user's CMAKE_ARGS kept) and checks again. At run time nothing is probed: `refuse_known_bad()` reads the
-stored verdict, and a build known to be bad is refused with one line saying how to fix it.
+stored verdict, and a build known to be bad is refused with one line saying how to fix it; a stock
+build (not specchat's patched one) is used with one warning line saying how to get the patched one
+(`build_warning()`; why a warning and not a refusal: `installed.Installed.warning`).
 
 This module never imports llama_cpp itself: the child uses specchat.llama.engine, and the parent identifies
 the build from the files on disk.
@@ -43,7 +45,7 @@ from typing import Any
 
 from .. import store
 from ..errors import EngineError
-from . import build, child, invariance
+from . import build, child, installed, invariance
 from .probe_model import PROBE_SHAPES, write_probe_gguf
 
 CHECK_NAME = "quantised-matmul self-check (Q4_0, Q8_0, Q4_K, Q6_K through llama.cpp's CPU extra buffers)"
@@ -186,6 +188,20 @@ def refuse_known_bad(identity: dict[str, Any] | None = None) -> None:
         f"this llama.cpp build failed its self-check ({result.status}: {result.detail})",
         f"run `make install` to rebuild it for this CPU, or: {fix_command(result.version)}",
     )
+
+
+def installed_build(identity: dict[str, Any] | None = None) -> installed.Installed:
+    """Which build the identity (by default the installed one) names: specchat's patched one (and
+    with which queue), a stock one, or none."""
+    version = (identity or build_identity())["version"]
+    return installed.describe(None if version == "not installed" else version)
+
+
+def build_warning(identity: dict[str, Any] | None = None) -> str | None:
+    """The line a model load says when the installed build is not this checkout's patched one (a
+    stock llama-cpp-python, as `pip install .` outside the Makefile leaves): which build it is and
+    how to get the patched one. None for the patched build. Never refuses (see `installed.Installed`)."""
+    return installed_build(identity).warning()
 
 
 def fix_command(version: str, cpuinfo: str | None = None, cmake_args: str | None = None) -> str:

@@ -200,12 +200,14 @@ def load(
     """Resolve and load the target and its drafters. `note` receives one-line progress messages.
 
     A llama.cpp build recorded as failing its self-check (see buildcheck) is refused first: it would
-    crash or compute garbage on the first quantised matmul, after a possibly long download.
+    crash or compute garbage on the first quantised matmul, after a possibly long download. A stock
+    llama-cpp-python (not specchat's patched build) is used, with one line in `warnings` saying so.
     """
-    from ..llama.buildcheck import build_identity, refuse_known_bad
+    from ..llama.buildcheck import build_identity, build_warning, refuse_known_bad
 
     ident = build_identity()  # the installed build: refused if recorded bad, keys the calibration below
     refuse_known_bad(ident)
+    stock = build_warning(ident)  # a stock llama-cpp-python: said once, with how to get the patched one
     free = {
         spec: registry.make(spec) for spec in cfg.drafts if registry.is_model_free(spec)
     }  # options: checked first
@@ -270,7 +272,7 @@ def load(
         ),
         name=cfg.target,
     )
-    out = Loaded(target=target, drafters=[], strict=cfg.strict)
+    out = Loaded(target=target, drafters=[], strict=cfg.strict, warnings=[stock] if stock else [])
     drafts = cfg.drafts
     if drafts and not target.can_roll_back:
         out.warnings.append(
