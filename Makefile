@@ -43,9 +43,12 @@ test-slow: install
 test-aarch64: install
 	$(BIN)/python -m tests.aarch64.run
 
-# the slow reliability checks on the real pair: exactness audit, 20-turn soak with a memory bound
+# the slow reliability checks on the real pair: exactness audit, 20-turn soak with a memory bound; then
+# hostile requests for minutes: the server reproductions and freshly drawn fuzzed bodies against the tiny
+# pair (3,000) and the real one (SPECCHAT_FUZZ_REAL_EXAMPLES, 60 by default: it generates ~100x slower)
 stress: install
 	$(BIN)/pytest -q -s -m slow tests/test_real_pair.py
+	SPECCHAT_FUZZ_EXAMPLES=3000 SPECCHAT_FUZZ_RANDOM=1 $(BIN)/pytest -q -m "slow or not slow" tests/test_server_fuzz.py
 
 lint: install
 	$(BIN)/ruff check specchat tests
