@@ -83,6 +83,8 @@ class LoadedModel:
     params: SamplingParams
     k: int | None
     p_min: float | None
+    #: the chat template's extra variables every answer starts from (`load`'s chat_template_kwargs)
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
     _planner: Planner | None = field(default=None, repr=False)
     _active: Stream | None = field(default=None, repr=False)
 
@@ -172,6 +174,7 @@ def load(
     force: bool = False,
     strict: bool = False,
     verbose: bool = False,
+    chat_template_kwargs: Mapping[str, Any] | None = None,
     **sampling: Any,
 ) -> LoadedModel:
     """Load `target` (an alias from `specchat models`, a .gguf path, hf:ORG/REPO/FILE.gguf or
@@ -180,8 +183,10 @@ def load(
     `draft`: a draft model (same forms), a model-free drafter (`"ngram"`, `"ngram:max_n=12"`) or a
     head that reads the target (`"mtp"`, `"eagle3:head=PATH"`), or several; None: the target's
     recommended draft model, its head if it has one and the default model-free drafters; `()`: none
-    (plain decoding). `k`: draft tokens per round, None for the cost model's choice. The
-    other keywords are `run`'s options; `**sampling` the sampling settings' defaults for every answer.
+    (plain decoding). `k`: draft tokens per round, None for the cost model's choice.
+    `chat_template_kwargs`: extra variables for the chat template in every answer, as `run`'s
+    --chat-template-kwargs (e.g. `{"enable_thinking": False}`). The other keywords are `run`'s
+    options; `**sampling` the sampling settings' defaults for every answer.
     What `run` would print as a warning (a stock llama.cpp build rather than specchat's patched one,
     a draft of another family, ...) is a `warnings.warn` here, and stays in `LoadedModel.warnings`.
     """
@@ -197,6 +202,7 @@ def load(
         _integer(name, layers, what="a number of layers (negative: all)", none="for the default")
     _integer("threads", threads, 1, none="for the physical cores")
     _fraction("p_min", p_min)
+    variables = _template_vars(chat_template_kwargs)
     for name, flag in (("offline", offline), ("force", force), ("strict", strict), ("verbose", verbose)):
         _flag(name, flag)
     drafts = loader.default_drafts(target) if specs is None else specs
@@ -216,7 +222,7 @@ def load(
     loaded = loader.load(cfg)
     for line in loaded.warnings:  # what `run` prints before answering: a stock llama.cpp build, ...
         warnings.warn(line, stacklevel=2)
-    return LoadedModel(loader.LoadedEngine(loaded), params, k, p_min)
+    return LoadedModel(loader.LoadedEngine(loaded), params, k, p_min, variables)
 
 
 def stream(
@@ -225,6 +231,7 @@ def stream(
     *,
     system: str | None = None,
     raw: bool = False,
+    chat_template_kwargs: Mapping[str, Any] | None = None,
     max_tokens: int = MAX_TOKENS,
     seed: int | None = None,
     draft: bool = True,
@@ -234,7 +241,9 @@ def stream(
     """Start an answer to `prompt` and return it as a `Stream` of `Piece`s.
 
     `prompt`: the user's message (put through the target's chat template, after `system`), or a
-    whole conversation as OpenAI-style messages; `raw=True` uses a text prompt as it is. `seed`
+    whole conversation as OpenAI-style messages; `raw=True` uses a text prompt as it is.
+    `chat_template_kwargs`: extra variables for the chat template, each over `load`'s (e.g.
+    `{"enable_thinking": False}`: a Qwen3-family template then answers without thinking). `seed`
     makes a sampled answer repeat. `draft=False` decodes with the target alone. `**sampling`
     overrides `load`'s sampling settings for this answer. `logits_processors`: functions
     `(tokens generated so far, logits row) -> adjusted row` of your own, applied after the
@@ -252,6 +261,7 @@ def stream(
         raise ValueError(f"model must be what specchat.load returned (got {shown(model)})")
     messages = _messages(prompt, system)
     _flag("raw", raw)
+    variables = {**model.template_kwargs, **_template_vars(chat_template_kwargs)}
     _integer("max_tokens", max_tokens, 1)
     _integer("seed", seed, 0, none="for a fresh draw")
     _flag("draft", draft)
@@ -263,7 +273,7 @@ def stream(
         raise ValueError(exc.line(exc.setting.name)) from None
     if model._active is not None:
         model._active.close()
-    tokens, warning = chat_prompt(model.engine.loaded.target, messages, raw=raw)
+    tokens, warning = chat_prompt(model.engine.loaded.target, messages, raw=raw, template_kwargs=variables)
     if warning:  # e.g. no chat template: the prompt is used as plain text
         warnings.warn(warning, stacklevel=2)
     drafters = list(model.engine.drafters) if draft else []
@@ -290,6 +300,7 @@ def generate(
     *,
     system: str | None = None,
     raw: bool = False,
+    chat_template_kwargs: Mapping[str, Any] | None = None,
     max_tokens: int = MAX_TOKENS,
     seed: int | None = None,
     draft: bool = True,
@@ -302,6 +313,7 @@ def generate(
         prompt,
         system=system,
         raw=raw,
+        chat_template_kwargs=chat_template_kwargs,
         max_tokens=max_tokens,
         seed=seed,
         draft=draft,
@@ -371,6 +383,14 @@ def _flag(name: str, value: object) -> None:
     """ValueError unless `value` is True or False: a string such as "no" would count as true."""
     if not isinstance(value, bool):
         raise ValueError(f"{name} must be True or False (got {shown(value)})")
+
+
+def _template_vars(value: object) -> dict[str, Any]:
+    """`chat_template_kwargs` as the template takes them: a mapping of variable names to JSON values
+    (`enable_thinking` True or False), or None for none (decoding/template_vars.py)."""
+    from .decoding.template_vars import check_template_vars
+
+    return check_template_vars(value, "chat_template_kwargs")  # a ValueError naming the keyword
 
 
 def _model_ref(name: str, value: object) -> str:

@@ -155,6 +155,7 @@ def unloaded() -> specchat.LoadedModel:
 
 
 TAKES_BOOL = "must be True or False"
+TAKES_VARIABLES = "chat_template_kwargs must be an object mapping template variables to values"
 LOAD_CASES = [
     ("target", [5, None, "", b"x.gguf"], "target must be a model: an alias, a .gguf path"),
     ("draft", [5, b"x", {"ngram": 1}], "draft must be a drafter"),
@@ -169,6 +170,7 @@ LOAD_CASES = [
     ("force", ["yes", 0], f"force {TAKES_BOOL}"),
     ("strict", [None, 1.0], f"strict {TAKES_BOOL}"),
     ("verbose", ["false"], f"verbose {TAKES_BOOL}"),
+    ("chat_template_kwargs", ["x", 5, [("enable_thinking", False)], True], TAKES_VARIABLES),
 ]
 STREAM_CASES = [
     ("prompt", [5, None, [], b"hi", ["hi"], [{"role": 1, "content": "x"}], [{"content": "x"}]],
@@ -178,6 +180,7 @@ STREAM_CASES = [
     ("max_tokens", [0, 1.5, 8.0, True, "8", None], "max_tokens must be an integer >= 1"),
     ("seed", [-1, 1.5, True, "1"], "seed must be an integer >= 0, or None for a fresh draw"),
     ("draft", ["no", None], f"draft {TAKES_BOOL}"),
+    ("chat_template_kwargs", ["enable_thinking=false", 0, [{"enable_thinking": False}]], TAKES_VARIABLES),
     ("logits_processors", [[1], "f", None, lambda ids, row: row], "logits_processors must be a sequence of"),
 ]  # fmt: skip
 

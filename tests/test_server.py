@@ -68,7 +68,9 @@ class FakeBackend:
         self.exact_rows = 0
         self.strict = False
 
-    def render(self, messages: Sequence[dict[str, str]]) -> tuple[list[int], str | None]:
+    def render(
+        self, messages: Sequence[dict[str, str]], tools: object = None, template_kwargs: object = None
+    ) -> tuple[list[int], str | None]:
         return self.render_text("".join(m["content"] for m in messages))
 
     def render_text(self, text: str) -> tuple[list[int], str | None]:

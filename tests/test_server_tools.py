@@ -67,7 +67,7 @@ class ScriptedBackend:
         self.constrained: list[object] = []
 
     def render(
-        self, messages: Sequence[dict[str, Any]], tools: object = None
+        self, messages: Sequence[dict[str, Any]], tools: object = None, template_kwargs: object = None
     ) -> tuple[list[int], str | None]:
         self.rendered.append((list(messages), tools))
         return [*json.dumps(messages).encode()[:200], END], None

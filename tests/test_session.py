@@ -77,7 +77,9 @@ class FakeEngine:
         self.exact_rows = 0
         self.strict = False
 
-    def render(self, messages: Sequence[dict[str, str]]) -> tuple[list[int], str | None]:
+    def render(
+        self, messages: Sequence[dict[str, str]], *, template_kwargs: object = None
+    ) -> tuple[list[int], str | None]:
         self.rendered.append([dict(m) for m in messages])
         return fake_render(messages, self.target.n_ctx)
 
@@ -190,7 +192,7 @@ def test_interrupt_before_any_output_keeps_no_empty_answer():
 def test_a_template_warning_is_shown_once_not_every_turn(monkeypatch):
     eng = FakeEngine()
     plain = eng.render
-    monkeypatch.setattr(eng, "render", lambda msgs: (plain(msgs)[0], "the target has no chat template"))
+    monkeypatch.setattr(eng, "render", lambda msgs, **_: (plain(msgs)[0], "the target has no chat template"))
     s = ChatSession(eng, k=2, max_tokens=4)
     notices = []
     for q in ("one", "two", "three"):
@@ -363,7 +365,9 @@ def fake_loaded(monkeypatch: pytest.MonkeyPatch) -> FakeLoaded:
     monkeypatch.setattr(
         loader,
         "chat_prompt",
-        lambda target, messages, raw=False, tools=None: fake_render(messages, target.n_ctx),
+        lambda target, messages, raw=False, tools=None, template_kwargs=None: fake_render(
+            messages, target.n_ctx
+        ),
     )
     return loaded
 

@@ -25,9 +25,12 @@ from .options import (
     StrictOpt,
     SystemOpt,
     TargetArg,
+    TemplateKwargOpt,
+    TemplateKwargsOpt,
     ThreadsOpt,
     VerboseOpt,
     parse_k,
+    parse_template_kwargs,
     sampling_options,
 )
 
@@ -55,6 +58,8 @@ def chat(
     draft_gpu_layers: DraftGpuOpt = None,
     threads: ThreadsOpt = None,
     system: SystemOpt = None,
+    chat_template_kwargs: TemplateKwargsOpt = None,
+    chat_template_kwarg: TemplateKwargOpt = None,
     no_color: Annotated[
         bool, typer.Option("--no-color", help="No colours (also when NO_COLOR is set).")
     ] = False,
@@ -81,5 +86,6 @@ def chat(
         seed=seed, max_tokens=max_tokens, ctx_size=ctx_size, gpu_layers=gpu_layers,
         draft_gpu_layers=draft_gpu_layers, threads=threads, system=system, offline=offline, force=force,
         strict=strict, verbose=verbose,
+        template_kwargs=parse_template_kwargs(chat_template_kwargs, chat_template_kwarg),
     )  # fmt: skip
     start_chat(opts, no_color=no_color)

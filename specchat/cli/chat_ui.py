@@ -63,6 +63,7 @@ def start_chat(opts: Options, *, no_color: bool = False) -> None:
             max_tokens=opts.max_tokens,
             seed=opts.seed,
             names={"target": opts.target, "drafts": ", ".join(d.name for d in loaded.drafters) or "none"},
+            template_kwargs=opts.template_kwargs,
         )
         console = out_console(no_color)
         with line_reader(sys.stdin) as read_line:

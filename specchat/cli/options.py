@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
@@ -114,6 +115,35 @@ StrictOpt = Annotated[
     ),
 ]
 VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Show llama.cpp's log and tracebacks.")]
+
+
+_TEMPLATE_KWARGS_HELP = (
+    "Extra variables for the chat template, a JSON object as llama-server takes it, e.g. "
+    "'{\"enable_thinking\": false}': Qwen3-family templates then answer without thinking first."
+)
+TemplateKwargsOpt = Annotated[
+    str | None,
+    typer.Option("--chat-template-kwargs", metavar="JSON", help=_TEMPLATE_KWARGS_HELP, show_default=False),
+]
+ServeTemplateKwargsOpt = Annotated[  # serve's: the default under each request's own
+    str | None,
+    typer.Option(
+        "--chat-template-kwargs",
+        metavar="JSON",
+        help=f"{_TEMPLATE_KWARGS_HELP} A request's own chat_template_kwargs go over these.",
+        show_default=False,
+    ),
+]
+TemplateKwargOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--chat-template-kwarg",
+        metavar="KEY=VALUE",
+        help="One extra chat-template variable, e.g. enable_thinking=false; VALUE is read as JSON, "
+        "else as a string. Repeatable; over --chat-template-kwargs.",
+        show_default=False,
+    ),
+]
 NoColorOpt = Annotated[
     bool,
     typer.Option("--no-color", help="No colours (also when NO_COLOR is set or stdout is not a terminal)."),
@@ -188,6 +218,39 @@ def parse_k(k: str) -> int | None:
     return k_val
 
 
+def parse_template_kwargs(given: str | None, pairs: list[str] | None) -> dict[str, Any]:
+    """--chat-template-kwargs JSON and each --chat-template-kwarg KEY=VALUE (over it) as the chat
+    template's extra variables, checked as every front end checks them (decoding.template_vars), so a
+    mistake is one line naming the flag before anything loads."""
+    from ..decoding.template_vars import TemplateVarsError, check_template_vars
+
+    merged: dict[str, Any] = {}
+    try:
+        if given is not None:
+            try:
+                value = json.loads(given)
+            except ValueError as exc:
+                raise BadInput(
+                    f"--chat-template-kwargs is not valid JSON ({exc})",
+                    "give a JSON object, e.g. '{\"enable_thinking\": false}'",
+                ) from None
+            merged.update(check_template_vars(value, "--chat-template-kwargs"))
+        for pair in pairs or ():
+            key, eq, text = pair.partition("=")
+            if not eq or not key.strip():
+                raise BadInput(
+                    f"--chat-template-kwarg takes KEY=VALUE (got {pair!r})", "e.g. enable_thinking=false"
+                )
+            try:
+                value = json.loads(text)
+            except ValueError:
+                value = text  # not JSON: the text itself, as a string
+            merged.update(check_template_vars({key.strip(): value}, "--chat-template-kwarg"))
+    except TemplateVarsError as exc:
+        raise BadInput(str(exc)) from None
+    return merged
+
+
 @dataclass(frozen=True, slots=True)
 class Options:
     """Generation and loading settings of one command invocation, validated when built.
@@ -214,6 +277,8 @@ class Options:
     force: bool = False
     verbose: bool = False
     strict: bool = False
+    #: the chat template's extra variables (parse_template_kwargs)
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         """Check every number before anything slow happens, with the option's name in the message

@@ -31,9 +31,12 @@ from .options import (
     StrictOpt,
     SystemOpt,
     TargetArg,
+    TemplateKwargOpt,
+    TemplateKwargsOpt,
     ThreadsOpt,
     VerboseOpt,
     parse_k,
+    parse_template_kwargs,
     sampling_options,
 )
 
@@ -62,6 +65,8 @@ def run(
     draft_gpu_layers: DraftGpuOpt = None,
     threads: ThreadsOpt = None,
     system: SystemOpt = None,
+    chat_template_kwargs: TemplateKwargsOpt = None,
+    chat_template_kwarg: TemplateKwargOpt = None,
     raw: Annotated[
         bool, typer.Option("--raw", help="Use the prompt as-is, without the chat template.")
     ] = False,
@@ -94,6 +99,7 @@ def run(
         seed=seed, max_tokens=max_tokens, ctx_size=ctx_size, gpu_layers=gpu_layers,
         draft_gpu_layers=draft_gpu_layers, threads=threads, system=system, offline=offline, force=force,
         strict=strict, verbose=verbose,
+        template_kwargs=parse_template_kwargs(chat_template_kwargs, chat_template_kwarg),
     )  # fmt: skip
     if prompt is None:
         if sys.stdin is None or sys.stdin.isatty():
@@ -129,7 +135,9 @@ def generate_one(
         messages = ([{"role": "system", "content": system}] if system else []) + [
             {"role": "user", "content": prompt}
         ]
-        tokens, warning = loader.chat_prompt(loaded.target, messages, raw=raw)
+        tokens, warning = loader.chat_prompt(
+            loaded.target, messages, raw=raw, template_kwargs=opts.template_kwargs
+        )
         for w in [*loaded.warnings, *([warning] if warning else [])]:
             err.print(f"[yellow]warning:[/] {escape(w)}", highlight=False)
         planner = make_planner(loaded, opts.k, seed=opts.seed)

@@ -38,11 +38,14 @@ from .options import (
     Options,
     PMinOpt,
     SeedOpt,
+    ServeTemplateKwargsOpt,
     StrictOpt,
     TargetArg,
+    TemplateKwargOpt,
     ThreadsOpt,
     VerboseOpt,
     parse_k,
+    parse_template_kwargs,
     sampling_options,
 )
 
@@ -88,6 +91,8 @@ def serve(
     system: Annotated[
         str | None, typer.Option("--system", help="System prompt for chat requests that send none.")
     ] = None,
+    chat_template_kwargs: ServeTemplateKwargsOpt = None,
+    chat_template_kwarg: TemplateKwargOpt = None,
     host: Annotated[
         str, typer.Option("--host", help="Address to listen on (0.0.0.0: every interface; use --api-key).")
     ] = "127.0.0.1",
@@ -162,6 +167,7 @@ def serve(
         seed=seed, max_tokens=max_tokens if max_tokens is not None else ctx_size,
         ctx_size=ctx_size, gpu_layers=gpu_layers, draft_gpu_layers=draft_gpu_layers, threads=threads,
         system=system, offline=offline, force=force, strict=strict, verbose=verbose,
+        template_kwargs=parse_template_kwargs(chat_template_kwargs, chat_template_kwarg),
     )  # fmt: skip
     check_range("--port", port, 0, 65535)
     check_range("--queue", queue, 0, 10_000)
@@ -236,7 +242,13 @@ def _serve_loaded(
     app = create_app(
         worker,
         model=model,
-        defaults=Defaults(max_tokens=opts.max_tokens, params=opts.params, seed=opts.seed, system=opts.system),
+        defaults=Defaults(
+            max_tokens=opts.max_tokens,
+            params=opts.params,
+            seed=opts.seed,
+            system=opts.system,
+            template_kwargs=opts.template_kwargs,
+        ),
         api_key=api_key,
         info={
             "specchat": {"target": str(loaded.target.path), "drafts": drafts, "n_ctx": loaded.target.n_ctx}

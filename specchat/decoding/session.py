@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Generator, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -66,8 +66,11 @@ class Engine(Protocol):
         """--strict: greedy output equal to one-token decoding (loop.Settings.strict)."""
         ...
 
-    def render(self, messages: Sequence[Message]) -> tuple[list[int], str | None]:
-        """Token ids of the conversation in the chat template (+ a warning); ContextFull if too long."""
+    def render(
+        self, messages: Sequence[Message], *, template_kwargs: Mapping[str, Any] | None = None
+    ) -> tuple[list[int], str | None]:
+        """Token ids of the conversation in the chat template, `template_kwargs` its extra variables
+        (+ a warning); ContextFull if too long."""
         ...
 
     def planner(self, k: int | None) -> Planner:
@@ -288,9 +291,12 @@ class ChatSession:
         max_tokens: int = MAX_TOKENS,
         seed: int | None = None,
         names: dict[str, object] | None = None,
+        template_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
         self.engine = engine
         self.system = system or None
+        #: the chat template's extra variables (`enable_thinking`, ...): checked by the front end
+        self.template_kwargs = dict(template_kwargs or {})
         self.k = k
         self.draft = draft and bool(engine.drafters)
         self.params = params if params is not None else SamplingParams()
@@ -368,7 +374,7 @@ class ChatSession:
 
     def _render(self, user: str) -> tuple[list[int] | None, str | None]:
         try:
-            return self.engine.render(self.messages(user))
+            return self.engine.render(self.messages(user), template_kwargs=self.template_kwargs)
         except ContextFull:
             return None, None
 

@@ -7,7 +7,7 @@ seconds-long load, so mistakes are reported within a second.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -104,10 +104,14 @@ class LoadedEngine:
         return self.loaded.strict
 
     def render(
-        self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None
+        self,
+        messages: Sequence[dict[str, Any]],
+        tools: Sequence[dict[str, Any]] | None = None,
+        template_kwargs: Mapping[str, Any] | None = None,
     ) -> tuple[list[int], str | None]:
-        """The conversation in the target's chat template; `tools` are handed to the template."""
-        return chat_prompt(self.loaded.target, messages, tools=tools)
+        """The conversation in the target's chat template; `tools` and `template_kwargs` (extra
+        variables such as `enable_thinking`) are handed to the template."""
+        return chat_prompt(self.loaded.target, messages, tools=tools, template_kwargs=template_kwargs)
 
     def render_text(self, text: str) -> tuple[list[int], str | None]:
         """A plain-text prompt (no chat template), e.g. for the server's /v1/completions."""
@@ -426,11 +430,15 @@ def chat_prompt(
     *,
     raw: bool = False,
     tools: Sequence[dict[str, Any]] | None = None,
+    template_kwargs: Mapping[str, Any] | None = None,
 ) -> tuple[list[int], str | None]:
     """Token ids for a conversation, rendered with the target's own chat template (GGUF metadata).
 
     Returns (tokens, warning). With raw=True, or when the model has no template, the last user
-    message is used as-is (plain completion).
+    message is used as-is (plain completion), and `template_kwargs` (the template's extra variables,
+    checked already: decoding.template_vars) go unused. This is the one render every front end's
+    chat goes through; a change of variables changes the tokens, so KV reuse by common prefix
+    (loop.generate, the prompt cache) stays right without knowing about them.
     """
     warning = None
     template = None if raw else target.chat_template
@@ -443,6 +451,7 @@ def chat_prompt(
             bos=target.token_text(facts.bos) if facts.bos >= 0 else "",
             eos=target.token_text(facts.eos) if facts.eos >= 0 else "",
             tools=tools,
+            variables=template_kwargs,
         )
         tokens = target.tokenize(text, add_special=True, parse_special=True)
         if len(tokens) >= 2 and tokens[0] == tokens[1] == facts.bos:
@@ -471,6 +480,7 @@ def _render_untrusted(
     bos: str,
     eos: str,
     tools: Sequence[dict[str, Any]] | None = None,
+    variables: Mapping[str, Any] | None = None,
 ) -> str:
     """Render a chat template taken from a GGUF file, turning any failure into one user-facing line.
 
@@ -486,7 +496,7 @@ def _render_untrusted(
 
     name = target.path.name
     try:
-        return render_chat(template, messages, bos=bos, eos=eos, tools=tools)
+        return render_chat(template, messages, bos=bos, eos=eos, tools=tools, variables=variables)
     except SecurityError as exc:
         raise ModelFileError(
             f"the chat template in {name} tried to reach Python internals; the sandbox refused it",

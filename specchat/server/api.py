@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from ..decoding.constraint import GrammarSpec
 from ..decoding.logprobs import MAX_TOP
 from ..decoding.settings import SETTINGS, SamplingParams, SettingError
+from ..decoding.template_vars import TemplateVarsError, check_template_vars
 from .fields import ApiError, Kind, bool_field, int_field, json_kind
 from .formats import BadFormat, check_spec, grammar_spec
 
@@ -47,6 +48,8 @@ class Defaults:
     params: SamplingParams = field(default_factory=SamplingParams)
     seed: int | None = None
     system: str | None = None
+    #: the chat template's extra variables (--chat-template-kwargs): a request's own go over these
+    template_kwargs: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +75,8 @@ class GenRequest:
     #: the output must match this (response_format / json_schema / grammar: server/formats.py)
     grammar: GrammarSpec | None = None
     tools: ToolSpec | None = None  # chat: the tools offered (None: none, or tool_choice none)
+    #: chat: the template's extra variables (`chat_template_kwargs` over the server's default ones)
+    template_kwargs: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def choices(self) -> int:
@@ -124,10 +129,12 @@ def parse_request(kind: Kind, body: Mapping[str, Any], defaults: Defaults) -> Ge
 
     prompts: tuple[str | tuple[int, ...], ...] = ()
     tools = None
+    variables: Mapping[str, Any] = {}
     if kind == "chat":
         messages = _messages(body.get("messages"), defaults.system)
         prompt = ""
         tools = parse_tools(body)
+        variables = _template_kwargs(body, defaults.template_kwargs)
     else:
         messages = ()
         prompts = parse_prompts(body.get("prompt"))
@@ -178,6 +185,7 @@ def parse_request(kind: Kind, body: Mapping[str, Any], defaults: Defaults) -> Ge
         draft=body.get("speculative") is not False,
         grammar=grammar,
         tools=tools,
+        template_kwargs=variables,
     )
 
 
@@ -221,6 +229,24 @@ def _sampling(body: Mapping[str, Any], defaults: SamplingParams) -> SamplingPara
         return replace(defaults, **given)  # type: ignore[arg-type]
     except SettingError as exc:
         raise ApiError(exc.line(exc.setting.name), param=exc.setting.name) from None
+
+
+def _template_kwargs(body: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict[str, Any]:
+    """`chat_template_kwargs` (an object of the chat template's extra variables, as llama-server
+    takes it), each key over the server's --chat-template-kwargs; a 400 naming the field when it is
+    not an object, sets a variable specchat sets itself, or gives `enable_thinking` a non-boolean."""
+    value = body.get("chat_template_kwargs")
+    if value is not None and not isinstance(value, dict):
+        raise ApiError(
+            f"chat_template_kwargs must be an object mapping template variables to values, such as "
+            f'{{"enable_thinking": false}}, not {json_kind(value)}',
+            param="chat_template_kwargs",
+        )
+    try:
+        given = check_template_vars(value, "chat_template_kwargs")
+    except TemplateVarsError as exc:
+        raise ApiError(str(exc), param="chat_template_kwargs") from None
+    return {**defaults, **given}
 
 
 def _token_map(name: str, value: object) -> dict[int, float]:

@@ -34,7 +34,7 @@ import threading
 import time
 import traceback
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
@@ -74,9 +74,13 @@ class Backend(Engine, Tokenizer, Protocol):
         ...
 
     def render(
-        self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None
+        self,
+        messages: Sequence[dict[str, Any]],
+        tools: Sequence[dict[str, Any]] | None = None,
+        template_kwargs: Mapping[str, Any] | None = None,
     ) -> tuple[list[int], str | None]:
-        """The conversation's token ids in the chat template, `tools` handed to it when given."""
+        """The conversation's token ids in the chat template, `tools` and `template_kwargs` (its
+        extra variables) handed to it when given."""
         ...
 
     def planner(self, k: int | None, *, seed: int | None = None) -> Planner: ...
@@ -358,13 +362,12 @@ class Worker:
         """The chat's tokens; tools, or a conversation with tool calls, go through tools.prepare
         first (the template's own `tools`, or the tools described in the system message)."""
         messages = list(req.messages)
+        variables = req.template_kwargs  # the command line's under the request's (api.parse_request)
         if req.tools is None and not any(m.get("tool_calls") or m["role"] == "tool" for m in messages):
-            return self.backend.render(messages)
+            return self.backend.render(messages, template_kwargs=variables)
         template = self.backend.tokenizer_facts().get("chat_template")
         messages, offered = prepare(messages, req.tools, template if isinstance(template, str) else None)
-        if offered is None:
-            return self.backend.render(messages)
-        return self.backend.render(messages, tools=offered)
+        return self.backend.render(messages, tools=offered, template_kwargs=variables)
 
     def _echo(self, req: GenRequest, p: int, prompt: Sequence[int]) -> str:
         """Prompt p's text as echoed: as sent, or for token ids their text as the answer's would be."""
