@@ -53,9 +53,8 @@ class Planner(Protocol):
     def begin_answer(self, lags: Sequence[int], max_new: int) -> list[bool]:
         """An answer starts; per drafter, whether to give it the prompt now (`lags[i]`: tokens it
         must process first, `max_new`: the answer's token limit). One that never pays, or whose
-        prefill would cost more than it is expected to save over the answer, is left behind: on a
-        CPU where a draft model never pays that saves a third of the prefill, and for an agent's
-        2,700-token prompt and 30-90-token answers the draft's prefill cost more than it saved."""
+        prefill would cost more than it is expected to save over the answer (a long prompt for a
+        short answer), is left behind: its prefill is then not paid at all."""
         ...
 
     def observe_prefill(self, drafter: int, tokens: int, seconds: float) -> None:
@@ -117,8 +116,8 @@ class Settings:
     #: report each token's target log-probability and this many alternatives (Token.logprob);
     #: None (the default) computes nothing. Greedy, verify batches then stay within `exact_rows`
     #: (none beyond one row when it is 0): rows of a bigger batch differ from one-token decoding's
-    #: by up to ~0.1 in log-probability on a CPU (another GEMM), and the logprobs are the model's
-    #: own, equal to plain decoding's; the tokens are the same either way
+    #: on a CPU (another GEMM kernel), and the logprobs are the model's own, equal to plain
+    #: decoding's; the tokens are the same either way
     logprobs: int | None = None
     #: logits processors of the caller's own, applied after those the sampling settings ask for
     #: (penalties, logit bias: processors.for_params) to every row a token is decided from

@@ -35,17 +35,15 @@ from .settings import MAX_TOKENS
 
 EMA = 0.1  # weight of a new timing measurement
 #: prior for the share of verify rows that fall within the tie margin (re-checked one token alone),
-#: and its decay per row seen: ~30 tokens of memory, as the share swings between prose (a third to
-#: a half of the tokens of the bench's prose answers) and copied code (0-3%)
+#: and its decay per row seen: ~30 tokens of memory, as the share swings within an answer between
+#: prose (near-ties common) and copied code (almost none)
 TIE_PRIOR = (0.5, 19.5)
 TIE_DECAY = 0.97
 #: strength (in tokens) of the prior on what drifted K/V cost later (AutoPlanner.drift_cost), and
 #: the share of drifted tokens it assumes a near-tie will have re-decoded: all of them. A repair
-#: re-decodes everything since the first drifted token, and within a 200-token answer some near-tie
-#: usually follows. Under --strict on 14 prompts with the default pair, a prior of a quarter had 8
-#: answers re-decode 7-98 tokens, at 0.89-0.94x plain (one at 1.11x), and the others at 0.93-1.22x;
-#: assuming all of them keeps the CPU within the bit-exact batch: 0.92-1.30x, 1.01x or more on 13 of
-#: the 14 (a JSON answer 0.92x), geomean 1.09x against 1.00x, every output --no-draft's
+#: re-decodes everything since the first drifted token, and within a long answer some near-tie
+#: usually follows; a prior that assumed fewer let answers drift far and then pay long repairs, where
+#: assuming all keeps a CPU within the bit-exact batch from the first round
 DRIFT_PRIOR_TOKENS = 30.0
 DRIFT_PRIOR_SHARE = 1.0
 #: live rounds must have seen a batch size this often before their timing replaces calibration's
@@ -53,26 +51,23 @@ SEEN_ENOUGH = 3
 #: a draft model's drafts per round at most (AutoPlanner.plan): past the depth where a perfect draft
 #: stops paying the budget stops it, but on a flat curve that depth is 48, and the budget's price of
 #: a token (the average verify cost per row of the planned draft) undercharges the rows of a deep
-#: batch; replayed on published GPU/Metal curves, 16 gave 0.3-1.9% over 48 and 8 less,
-#: this CPU's curves unchanged (there a perfect draft stops paying before 16)
+#: batch; a lower cap cut drafts a flat curve pays for. Where batches are dear a perfect draft stops
+#: paying before this cap, which then never acts
 DEPTH_CAP = 16
 #: catching an idle draft model up is paid once and then serves every round it drafts after, so
 #: plan() spreads what it is behind (beyond what any draft round leaves: STEADY_LAG) over this share of
 #: the answer's expected remaining tokens, not over one round. Charged to one round, the catch-up
-#: grew with every n-gram round and a draft model left idle early never drafted again: on code
-#: written from scratch under a CUDA curve (0.3x draft) 3 seeds in 24 stopped drafting after two
-#: rounds, 1.02x plain against 1.37-1.44x. The whole remaining answer overstates it (n-gram
-#: copies still take rounds after, and each leaves the draft behind again): replayed, a share of 1
-#: cost 2% on copies on a flat curve with a dear draft (0.57 of a token), a quarter nothing
+#: grew with every n-gram round and a draft model left idle early never drafted again. The whole
+#: remaining answer overstates it: n-gram copies still take rounds after, and each leaves the draft
+#: behind again
 CATCH_UP_SHARE = 0.25
 #: tokens a draft model is behind after a round it drafted: the target's correction, or its own last
 #: proposal (never decoded) and the bonus token; always charged to the round (CATCH_UP_SHARE)
 STEADY_LAG = 2
 #: rows over which draft_budget reads the verify curve's slope at a draft position. Priced at the
-#: planned draft's average row, deep tokens were underpriced where the curve steepens (M2 Ultra: rows
-#: 5-16 cost 0.19 of a token each against 0.14 for the first three): replayed, 48 seeds, M2 Ultra
-#: 1.773 -> 1.781x (scratch 1.449 -> 1.464x), CUDA 0.1x 2.513 -> 2.540x, the rest level. Priced lower
-#: where the curve flattens, the F16 stand-in lost 1.2%: the floor is only ever raised
+#: planned draft's average row, deep tokens were underpriced where the curve steepens past its first
+#: few rows. The floor is only ever raised: priced below the average row where the curve flattens,
+#: drafts ran on and were slower, not faster
 FLOOR_WINDOW = 4
 #: a draft model's floor (AutoPlanner.draft_budget) at most: a draft the planner is this sure of
 #: is always worth extending once it chose to draft
@@ -283,12 +278,12 @@ class AutoPlanner:
 
         Expected saving: the answer's expected length (its limit, or less where recent answers were
         shorter) times the time per token the drafter alone saves at its learned acceptance (vs
-        plain decoding: generous to it where n-grams would have done the work anyway). On an agent's
-        2,700-token prompt with 30-90-token answers (aider, default pair, this CPU) the draft's
-        prefill cost a quarter of the wall time and earned a few seconds; a short chat prompt, or a
-        cheap draft for a dear target (a 1B draft, a 70B target), is prepared as before. A drafter
-        left behind is not chosen this answer either: plan() spreads a catch-up over the answer, and
-        this prompt was judged not worth it over the whole of it."""
+        plain decoding: generous to it where n-grams would have done the work anyway). An agent's
+        long prompt with short answers leaves a dear draft behind, as its prefill would cost more
+        than it earns; a short chat prompt, or a cheap draft for a dear target (a 1B draft, a 70B
+        target), is prepared. A drafter left behind is not chosen this answer either: plan()
+        spreads a catch-up over the answer, and this prompt was judged not worth it over the whole
+        of it."""
         if self._answer_open:
             self.answer_tokens += ANSWER_EMA * (self._generated - self.answer_tokens)
         self._answer_open, self._generated = True, 0
@@ -393,10 +388,9 @@ class AutoPlanner:
         if which is not None and self.costs.draft[which] > 0.0:
             # A draft model stops itself where its next token stops paying (draft_budget), which its
             # confidence predicts far better than the depth does; so the planned k only chose this
-            # drafter, and the cap is the depth where even a draft always right would stop paying.
-            # (Capped at the planned k, drafts stopped before depths they would have passed, which
-            # were then never observed: 3.2 tokens a pass where a fixed -k 16 made 11.6.)
-            # At most DEPTH_CAP, though.
+            # drafter, and the cap is the depth where even a draft always right would stop paying
+            # (at most DEPTH_CAP). Capped at the planned k, drafts stopped before depths they would
+            # have passed, which were then never observed.
             perfect = self._always_right_k(which, v, overhead=self._catch_up_cost(which, lags))
             self.last_choice = (which, max(k, min(perfect, DEPTH_CAP)))
         return self.last_choice
@@ -410,19 +404,17 @@ class AutoPlanner:
         It looks at one more position only while that chance, times what a token there is usually
         accepted at, is worth the draft decode c as well. So a cheap draft on a flat verify curve
         runs on through a few unsure tokens (a 1B draft for a 70B target), and a dear one stops at
-        the first (the default pair on a 2-core CPU, where auto hardly drafts at all). Model-free
-        drafters (n-gram copies) have no confidence to weigh: None."""
+        the first. Model-free drafters (n-gram copies) have no confidence to weigh: None."""
         which, k = self.last_choice[0], self._planned_k
         if which != drafter or k <= 0 or not self._last_v or self.costs.draft[drafter] <= 0.0:
             return None
         v, speed, c = self._last_v, self.last_speed, self.costs.draft[drafter]
         row = (v[k] - v[0]) / k  # the planned draft's average verify row
         # the first token's distribution comes with the catch-up decode the round pays anyway, so
-        # proposing it costs only its own verify row (a draft model declining it had paid that decode
-        # for nothing: 65 of 255 draft rounds on scratch code under a CUDA curve with a 0.3x draft).
-        # A position deeper in the batch can cost more than the average row (where the curve
-        # steepens: past 4 rows on the published GPU and M2 Ultra curves): it is priced at its own,
-        # the curve's slope over the FLOOR_WINDOW rows from it, never below the average
+        # proposing it costs only its own verify row (a draft model declining it had paid that
+        # decode for nothing). A position deeper in the batch can cost more than the average row
+        # (where the curve steepens): it is priced at its own, the curve's slope over the
+        # FLOOR_WINDOW rows from it, never below the average
         rows = [v[1] - v[0]]  # k > 0, so v holds V(1) and V(2) at least
         for i in range(1, len(v) - 1):
             j = min(len(v) - 1, i + FLOOR_WINDOW)
@@ -470,13 +462,10 @@ class AutoPlanner:
         drafting = rnd.draft_seconds - rnd.catch_up_seconds  # catching up is priced separately
         # only a draft model's cost is learned: a model-free drafter's microseconds would make it
         # look like one (cost > 0), and plan() would then extend its every draft to the depth where
-        # a perfect draft stops paying, as it does for a draft model that stops itself (on a chat
-        # revision, default pair, this CPU: n-gram rounds of 14-15 drafts breaking after 0-2
-        # tokens, 0.85x plain; 1.22x and 0.99x in two in-process runs once fixed)
-        # per one-token decode: the first token's distribution came with the catch-up, so dividing by
-        # the tokens proposed read a step as a fraction of its cost (an MTP head's 28 ms step was
-        # learned as 6.6 ms within one answer of mostly one-token drafts, and looked worth taking
-        # deep: 0.94x a fixed -k 1)
+        # a perfect draft stops paying, as it does for a draft model that stops itself. It is
+        # learned per one-token decode: the first token's distribution came with the catch-up, so
+        # dividing by the tokens proposed would read a step as a fraction of its cost, and deep
+        # drafts would look cheap
         steps = proposed if rnd.draft_decodes is None else rnd.draft_decodes
         if self.learn_costs and steps > 0 and drafting > 0 and self.costs.draft[drafter] > 0.0:
             per = drafting / steps
