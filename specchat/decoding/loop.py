@@ -158,24 +158,15 @@ class Tally:
             self.drafted_by_pos[i] += 1
             self.accepted_by_pos[i] += i < rnd.accepted
         if rnd.drafter is not None:
-            d = self.drafters.get(rnd.drafter, DrafterStats(rnd.drafter))
-            self.drafters[rnd.drafter] = DrafterStats(
-                d.name,
-                d.rounds + 1,
-                d.drafted + rnd.drafted,
-                d.accepted + rnd.accepted,
-                d.seconds + rnd.draft_seconds,
+            name, route = rnd.drafter, rnd.route
+            one = DrafterStats(
+                name, rounds=1, drafted=rnd.drafted, accepted=rnd.accepted, seconds=rnd.draft_seconds
             )
-            key = (rnd.drafter, rnd.route)
-            r = self.routes.get(key, RouteStats(*key))
-            self.routes[key] = RouteStats(
-                r.drafter,
-                r.route,
-                r.rounds + 1,
-                r.drafted + rnd.drafted,
-                r.accepted + rnd.accepted,
-                r.rechecked + rnd.recheck,
+            self.drafters[name] = self.drafters.get(name, DrafterStats(name)) + one
+            on_route = RouteStats(
+                name, route, rounds=1, drafted=rnd.drafted, accepted=rnd.accepted, rechecked=int(rnd.recheck)
             )
+            self.routes[name, route] = self.routes.get((name, route), RouteStats(name, route)) + on_route
 
     def snapshot(self, stop_reason: str) -> Stats:
         return Stats(
