@@ -36,19 +36,50 @@ from .sampling import SamplingParams, align, greedy, greedy_gap, probs, sample, 
 from .settings import MAX_TOKENS
 
 
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """One round's choice, and what the planner chose it from. The loop hands it back to the planner
+    that made it (draft_budget, then observe), so a planner keeps nothing from one of those calls to
+    the next: a round cut short, or a planner shared by several answers, cannot leave a stale choice
+    behind for another round to read."""
+
+    #: index into the drafters; None: no draft this round (plain decoding)
+    drafter: int | None = None
+    #: draft tokens at most (a drafter that knows its confidence may stop sooner)
+    k: int = 0
+    #: what a cost-model planner expected of this choice (FixedK leaves them empty): tokens per second,
+    #: the verify curve V(1), V(2).. it priced batches with, the draft length that speed was computed
+    #: for (`k` may be deeper: a draft model stops itself), and the drafter's acceptance by depth
+    speed: float = 0.0
+    verify: tuple[float, ...] = ()
+    planned_k: int = 0
+    rates: tuple[float, ...] = ()
+
+
+#: a round without a draft: planned so, or not planned at all (a near-tie's one-token re-check)
+NO_DRAFT = Plan()
+
+
 class Planner(Protocol):
-    """Per round: which drafter (index into the drafters, None = no draft) and how many tokens.
+    """Per round: which drafter and how many tokens (plan), where a drafter that knows its confidence
+    should stop (draft_budget), and what came of it (observe); the Plan travels through all three.
 
     `routes[i]` is drafter i's `route()` for this round: the kind of context it is in, or None when it
     has nothing to propose (so it must not be chosen)."""
 
-    def plan(
-        self, max_k: int, routes: Sequence[str | None], lags: Sequence[int] = ()
-    ) -> tuple[int | None, int]:
+    def plan(self, max_k: int, routes: Sequence[str | None], lags: Sequence[int] = ()) -> Plan:
         """`lags[i]`: context tokens drafter i must catch up on first (Drafter.lag)."""
         ...
 
-    def observe(self, rnd: Round, drafter: int | None) -> None: ...
+    def draft_budget(self, plan: Plan) -> DraftBudget | None:
+        """For this plan's draft: where a drafter that knows its confidence should stop
+        (Drafter.propose's `budget`); None: at k or its own cut-off (p_min)."""
+        ...
+
+    def observe(self, rnd: Round, plan: Plan, budget: DraftBudget | None = None) -> None:
+        """The round `plan` chose (NO_DRAFT: no draft ran) happened as `rnd` says, drafted under
+        `budget` (what draft_budget gave it)."""
+        ...
 
     def begin_answer(self, lags: Sequence[int], max_new: int) -> list[bool]:
         """An answer starts; per drafter, whether to give it the prompt now (`lags[i]`: tokens it
@@ -61,11 +92,6 @@ class Planner(Protocol):
         """Drafter i processed `tokens` of prompt in `seconds` (priced into the next begin_answer)."""
         ...
 
-    def draft_budget(self, drafter: int) -> DraftBudget | None:
-        """For this round's draft by drafter i: where a drafter that knows its confidence should
-        stop (Drafter.propose's `budget`); None: at k or its own cut-off (p_min)."""
-        ...
-
 
 @dataclass(slots=True)
 class FixedK:
@@ -75,14 +101,15 @@ class FixedK:
 
     k: int
 
-    def plan(
-        self, max_k: int, routes: Sequence[str | None], lags: Sequence[int] = ()
-    ) -> tuple[int | None, int]:
+    def plan(self, max_k: int, routes: Sequence[str | None], lags: Sequence[int] = ()) -> Plan:
         k = min(self.k, max_k)
         which = next((i for i, route in enumerate(routes) if route is not None), None)
-        return (which, k) if k > 0 and which is not None else (None, 0)
+        return Plan(which, k) if k > 0 and which is not None else NO_DRAFT
 
-    def observe(self, rnd: Round, drafter: int | None) -> None:
+    def draft_budget(self, plan: Plan) -> DraftBudget | None:
+        return None  # -k N drafts N unless the drafter's own confidence cut-off (p_min) stops it
+
+    def observe(self, rnd: Round, plan: Plan, budget: DraftBudget | None = None) -> None:
         return None
 
     def begin_answer(self, lags: Sequence[int], max_new: int) -> list[bool]:
@@ -91,9 +118,6 @@ class FixedK:
 
     def observe_prefill(self, drafter: int, tokens: int, seconds: float) -> None:
         return None
-
-    def draft_budget(self, drafter: int) -> DraftBudget | None:
-        return None  # -k N drafts N unless the drafter's own confidence cut-off (p_min) stops it
 
 
 @dataclass(frozen=True, slots=True)
@@ -279,13 +303,15 @@ def generate(
                 max_k = min(max_k, exact_cap)
             routes = [d.route(committed) for d in drafters] if drafters and not recheck else []
             lags = [d.lag(committed) for d in drafters] if routes else []
-            which, k = planner.plan(max_k, routes, lags) if routes else (None, 0)
-            drafter = drafters[which] if which is not None and k > 0 else None
+            plan = planner.plan(max_k, routes, lags) if routes else NO_DRAFT
+            if plan.drafter is None or plan.k <= 0:
+                plan = NO_DRAFT
+            which, k = plan.drafter, plan.k
+            drafter = drafters[which] if which is not None else None
+            budget = planner.draft_budget(plan) if drafter is not None else None
             proposal = (
-                drafter.propose(
-                    committed, k, params, rng, budget=planner.draft_budget(which), processor=answer
-                )
-                if drafter is not None and which is not None
+                drafter.propose(committed, k, params, rng, budget=budget, processor=answer)
+                if drafter is not None
                 else Proposal()
             )
             del proposal.tokens[max_k:]
@@ -382,7 +408,7 @@ def generate(
             now += repair_s
             tally.decode_seconds = now - t_decode
             tally.add_round(rnd)
-            planner.observe(rnd, which if drafter is not None else None)
+            planner.observe(rnd, plan, budget)
             yield rnd
             if ended:
                 stop = "eog"
