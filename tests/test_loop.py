@@ -11,9 +11,9 @@ from specchat.decoding import loop
 from specchat.decoding.calibration import Costs
 from specchat.decoding.drafters import ModelDrafter
 from specchat.decoding.events import Done, Round, Source, Token
-from specchat.decoding.loop import FixedK, Settings, generate, greedy_gap
+from specchat.decoding.loop import FixedK, Settings, generate
 from specchat.decoding.planner import AutoPlanner
-from specchat.decoding.sampling import SamplingParams
+from specchat.decoding.sampling import SamplingParams, greedy_gap
 
 from .fakes import DriftModel, FakeModel, NoisyBatchModel, plain_greedy
 
