@@ -14,7 +14,7 @@ from specchat.cli import app
 from specchat.decoding import registry
 from specchat.decoding.drafters import ModelDrafter, NgramDrafter
 from specchat.decoding.events import Token
-from specchat.decoding.loop import FixedK, Settings, generate
+from specchat.decoding.loop import NO_DRAFT, FixedK, Plan, Settings, generate
 from specchat.errors import BadInput
 from specchat.models import loader
 
@@ -120,9 +120,9 @@ class Lookup:
 
 def test_fixed_k_drafts_with_the_first_drafter_that_has_a_proposal_and_prepares_them_all():
     planner = FixedK(3)
-    assert planner.plan(8, [None, "model", "here"]) == (1, 3)
-    assert planner.plan(8, ["here", "model"]) == (0, 3)
-    assert planner.plan(8, [None, None]) == (None, 0) and FixedK(0).plan(8, ["here"]) == (None, 0)
+    assert planner.plan(8, [None, "model", "here"]) == Plan(1, 3)
+    assert planner.plan(8, ["here", "model"]) == Plan(0, 3)
+    assert planner.plan(8, [None, None]) == NO_DRAFT and FixedK(0).plan(8, ["here"]) == NO_DRAFT
     assert planner.begin_answer([0, 5, 0], 100) == [True, True, True]
     assert FixedK(0).begin_answer([0, 5], 100) == [False, False]
 

@@ -11,9 +11,9 @@ from specchat.decoding import loop
 from specchat.decoding.calibration import Costs
 from specchat.decoding.drafters import ModelDrafter
 from specchat.decoding.events import Done, Round, Source, Token
-from specchat.decoding.loop import FixedK, Settings, generate, greedy_gap
+from specchat.decoding.loop import FixedK, Settings, generate
 from specchat.decoding.planner import AutoPlanner
-from specchat.decoding.sampling import SamplingParams
+from specchat.decoding.sampling import SamplingParams, greedy_gap
 
 from .fakes import DriftModel, FakeModel, NoisyBatchModel, plain_greedy
 
@@ -277,7 +277,8 @@ def test_a_draft_left_behind_on_a_long_prompt_costs_nothing_and_changes_nothing(
     target, draft = FakeModel(n_vocab=16), FakeModel(n_vocab=16)
     v = [0.01 * (1 + 0.05 * i) for i in range(9)]
     costs = Costs(list(v), [0.1 * v[0]], catch_up=[0.5 * v[0]])
-    planner = AutoPlanner(costs, [(3.0, 2.0)], learn_costs=False)  # fakes run in microseconds
+    # learn_costs off: fakes run in microseconds
+    planner = AutoPlanner(costs, [(3.0, 2.0)], model_free=[False], learn_costs=False)
     long_prompt = [int(t) for t in np.random.default_rng(1).integers(0, 16, 400)]
     drafter = ModelDrafter(draft, p_min=0.0)
     reference = FakeModel(n_vocab=16)

@@ -10,6 +10,7 @@ import pytest
 
 from specchat.decoding.calibration import Costs, calibrate, measure_verify
 from specchat.decoding.events import Round
+from specchat.decoding.loop import NO_DRAFT, Plan
 from specchat.decoding.planner import AutoPlanner, best_k, expected_tokens
 
 from .fakes import FakeModel
@@ -88,25 +89,33 @@ def test_free_drafts_pay_on_cpu_when_often_right_and_gpu_drafts_go_deep():
     assert k_gpu >= 4
 
 
+def choice(plan: Plan) -> tuple[int | None, int]:
+    """A plan's (drafter, k), without what the planner chose them from."""
+    return plan.drafter, plan.k
+
+
 def simulate(planner: AutoPlanner, accept_prob: list[float], rounds: int, seed: int = 0) -> list[tuple]:
     """Feed the planner rounds whose drafts are accepted with the given per-drafter probability."""
     rng = np.random.default_rng(seed)
     choices = []
     for _ in range(rounds):
-        which, k = planner.plan(100, ["any"] * len(accept_prob))
+        plan = planner.plan(100, ["any"] * len(accept_prob))
+        which, k = choice(plan)
         choices.append((which, k))
         if which is None:
-            planner.observe(Round(None, 0, 0, 0, 1, CPU_V[0]), None)
+            planner.observe(Round(None, 0, 0, 0, 1, CPU_V[0]), plan)
             continue
         acc = 0
         while acc < k and rng.random() < accept_prob[which]:
             acc += 1
-        planner.observe(Round("d", k, k, acc, acc + 1, planner.costs.v(k + 1), route="any"), which)
+        planner.observe(Round("d", k, k, acc, acc + 1, planner.costs.v(k + 1), route="any"), plan)
     return choices
 
 
 def test_planner_stops_drafting_with_a_useless_drafter():
-    planner = AutoPlanner(Costs(list(CPU_V), [0.0]), [(1.0, 1.0)], rng=np.random.default_rng(1))
+    planner = AutoPlanner(
+        Costs(list(CPU_V), [0.0]), [(1.0, 1.0)], model_free=[True], rng=np.random.default_rng(1)
+    )
     choices = simulate(planner, [0.05], 300)
     late = choices[100:]
     assert sum(k > 0 for _, k in late) / len(late) < 0.1
@@ -114,7 +123,10 @@ def test_planner_stops_drafting_with_a_useless_drafter():
 
 def test_planner_drafts_with_a_good_free_drafter_and_prefers_the_better_one():
     planner = AutoPlanner(
-        Costs(list(CPU_V), [0.0, 0.0]), [(1.0, 1.0), (1.0, 1.0)], rng=np.random.default_rng(2)
+        Costs(list(CPU_V), [0.0, 0.0]),
+        [(1.0, 1.0), (1.0, 1.0)],
+        model_free=[True, True],
+        rng=np.random.default_rng(2),
     )
     choices = simulate(planner, [0.3, 0.9], 300)
     late = choices[100:]
@@ -124,45 +136,50 @@ def test_planner_drafts_with_a_good_free_drafter_and_prefers_the_better_one():
 
 def test_acceptance_is_learned_per_route_so_one_drafter_drafts_deep_only_where_it_is_right():
     """Routing by context: the n-gram drafter's long matches are right, its short ones are not."""
-    planner = AutoPlanner(Costs(list(CPU_V), [0.0]), [(1.0, 1.0)], rng=np.random.default_rng(4))
+    planner = AutoPlanner(
+        Costs(list(CPU_V), [0.0]), [(1.0, 1.0)], model_free=[True], rng=np.random.default_rng(4)
+    )
     rng = np.random.default_rng(5)
     late: dict[str, list[int]] = {"match 16+": [], "match 2+": []}
     for i in range(600):
         route = "match 16+" if i % 2 else "match 2+"
-        which, k = planner.plan(100, [route])
+        plan = planner.plan(100, [route])
+        which, k = choice(plan)
         if i >= 200:
             late[route].append(k)
         if which is None:
-            planner.observe(Round(None, 0, 0, 0, 1, CPU_V[0]), None)
+            planner.observe(Round(None, 0, 0, 0, 1, CPU_V[0]), plan)
             continue
         p = 0.95 if route == "match 16+" else 0.15
         acc = 0
         while acc < k and rng.random() < p:
             acc += 1
         judged = min(acc + 1, k)
-        planner.observe(Round("ngram", k, judged, acc, acc + 1, CPU_V[k], route=route, proposed=k), which)
+        planner.observe(Round("ngram", k, judged, acc, acc + 1, CPU_V[k], route=route, proposed=k), plan)
     assert np.mean(late["match 16+"]) >= 2
     assert np.mean([k > 0 for k in late["match 2+"]]) < 0.1
 
 
 def test_a_drafter_with_nothing_to_propose_is_not_chosen():
-    planner = AutoPlanner(Costs(list(GPU_V), [0.0, 0.0]), [(50.0, 1.0), (50.0, 1.0)])
-    assert planner.plan(8, [None, None]) == (None, 0)
-    assert planner.plan(8, [None, "model"])[0] == 1
+    planner = AutoPlanner(Costs(list(GPU_V), [0.0, 0.0]), [(50.0, 1.0), (50.0, 1.0)], model_free=[True, True])
+    assert choice(planner.plan(8, [None, None])) == (None, 0)
+    assert planner.plan(8, [None, "model"]).drafter == 1
 
 
 def test_verify_cost_is_learned_for_the_batch_that_ran_not_the_drafts_judged():
     costs = Costs(list(CPU_V), [0.0])
-    planner = AutoPlanner(costs, [(1.0, 1.0)])
+    planner = AutoPlanner(costs, [(1.0, 1.0)], model_free=[True])
     v2 = costs.verify[1]
     # 5 drafts sent (a batch of 6), the first rejected: the 6-row batch's time must not land on V(2)
-    planner.observe(Round("ngram", 5, 1, 0, 1, 0.3, route="match 2+", proposed=5), 0)
+    planner.observe(Round("ngram", 5, 1, 0, 1, 0.3, route="match 2+", proposed=5), Plan(0, 5))
     assert costs.verify[1] == v2
     assert costs.verify[5] > CPU_V[5]
 
 
 def test_draft_model_is_never_tried_where_it_cannot_pay():
-    planner = AutoPlanner(Costs(list(CPU_V), [0.6 * CPU_V[0]]), [(3.0, 2.0)], rng=np.random.default_rng(3))
+    planner = AutoPlanner(
+        Costs(list(CPU_V), [0.6 * CPU_V[0]]), [(3.0, 2.0)], model_free=[False], rng=np.random.default_rng(3)
+    )
     assert not planner.can_pay(0)
     assert all(k == 0 for _, k in simulate(planner, [0.95], 50))
 
@@ -332,7 +349,7 @@ def test_planner_verifies_beyond_the_exact_batch_where_the_cheap_kernel_pays():
     """Auto mode used to cap batches at the bit-exact size (3 rows): the cheap repacked region (4+)
     was thrown away. With the tie margin pricing the re-checks, long copies get long drafts."""
     costs = Costs(list(REPACK_V), [0.0], exact_n=3)
-    planner = AutoPlanner(costs, [(50.0, 1.0)], rng=np.random.default_rng(0))
+    planner = AutoPlanner(costs, [(50.0, 1.0)], model_free=[True], rng=np.random.default_rng(0))
     ks = [k for _, k in simulate(planner, [0.97], 60)]
     assert np.mean(ks[20:]) >= 4
 
@@ -350,13 +367,15 @@ def test_tie_risk_is_priced_into_batches_beyond_the_exact_size():
 def test_tie_rate_follows_the_recent_share_of_near_ties_in_every_round():
     """Prose has near-ties on a third to a half of its tokens, copied code on almost none; the rate
     is learned from every decided row, plain rounds included, and follows the text within ~30 tokens."""
-    planner = AutoPlanner(Costs(list(REPACK_V), [0.0], exact_n=3), [(50.0, 1.0)])
+    planner = AutoPlanner(Costs(list(REPACK_V), [0.0], exact_n=3), [(50.0, 1.0)], model_free=[True])
     for _ in range(40):  # prose: plain rounds, every other token a near-tie
-        planner.observe(Round(None, 0, 0, 0, 1, REPACK_V[0], gap_rows=1, near_ties=_ % 2), None)
+        planner.observe(Round(None, 0, 0, 0, 1, REPACK_V[0], gap_rows=1, near_ties=_ % 2), NO_DRAFT)
     assert planner.tie_rate > 0.35
     k_prose = best_k([0.9] * 8, REPACK_V, 0.0, tie=planner.tie_rate, exact_n=3)[0]
     for _ in range(60):  # then a copy: long accepted drafts, no near-ties
-        planner.observe(Round("ngram", 8, 8, 8, 9, REPACK_V[8], route="r", proposed=8, gap_rows=9), 0)
+        planner.observe(
+            Round("ngram", 8, 8, 8, 9, REPACK_V[8], route="r", proposed=8, gap_rows=9), Plan(0, 8)
+        )
     assert planner.tie_rate < 0.02
     assert k_prose <= 2 < best_k([0.9] * 8, REPACK_V, 0.0, tie=planner.tie_rate, exact_n=3)[0]
 
@@ -367,13 +386,13 @@ def test_drift_cost_is_learned_from_repairs_and_keeps_batches_exact_where_near_t
     (a long copy), the cost fades and long batches pay."""
     rates = [0.97] * 8
     costs = Costs(list(REPACK_V), [0.0], exact_n=3)
-    busy = AutoPlanner(costs, [(50.0, 1.0)], explore=False, strict=True)
+    busy = AutoPlanner(costs, [(50.0, 1.0)], model_free=[True], explore=False, strict=True)
     for _ in range(40):  # every drifted token is re-decoded at ~V(3)/3 a token
         busy.observe(Round("ngram", 8, 8, 8, 9, REPACK_V[8], route="r", proposed=8, drifted=9,
-                           repaired=9, repair_seconds=9 * REPACK_V[2] / 3), 0)  # fmt: skip
-    quiet = AutoPlanner(costs, [(50.0, 1.0)], explore=False, strict=True)
+                           repaired=9, repair_seconds=9 * REPACK_V[2] / 3), Plan(0, 8))  # fmt: skip
+    quiet = AutoPlanner(costs, [(50.0, 1.0)], model_free=[True], explore=False, strict=True)
     for _ in range(40):  # no near-ties: nothing is ever re-decoded
-        quiet.observe(Round("ngram", 8, 8, 8, 9, REPACK_V[8], route="r", proposed=8, drifted=9), 0)
+        quiet.observe(Round("ngram", 8, 8, 8, 9, REPACK_V[8], route="r", proposed=8, drifted=9), Plan(0, 8))
     assert busy.drift_cost > 10 * quiet.drift_cost
     v = quiet._verify_curve(8)
     k_busy = best_k(rates, v, 0.0, exact_n=3, drift_cost=busy.drift_cost)[0]
@@ -384,21 +403,21 @@ def test_drift_cost_is_learned_from_repairs_and_keeps_batches_exact_where_near_t
 def test_live_rounds_rescale_the_sizes_they_have_not_run():
     """A curve calibrated on a quieter machine: once the live one-token time is known, unseen batch
     sizes follow it, and a size seen often enough uses its own measurement."""
-    planner = AutoPlanner(Costs(list(CPU_V), [0.0]), [(1.0, 1.0)])
+    planner = AutoPlanner(Costs(list(CPU_V), [0.0]), [(1.0, 1.0)], model_free=[True])
     for _ in range(5):
-        planner.observe(Round(None, 0, 0, 0, 1, 2 * CPU_V[0]), None)
+        planner.observe(Round(None, 0, 0, 0, 1, 2 * CPU_V[0]), NO_DRAFT)
     curve = planner._verify_curve(8)
     assert curve[0] == pytest.approx(2 * CPU_V[0])
     assert curve[4] == pytest.approx(2 * CPU_V[4])
     for _ in range(5):
-        planner.observe(Round("ngram", 4, 4, 4, 5, 0.5, route="r", proposed=4), 0)
+        planner.observe(Round("ngram", 4, 4, 4, 5, 0.5, route="r", proposed=4), Plan(0, 4))
     assert planner._verify_curve(8)[4] == pytest.approx(0.5)
 
 
 def test_explain_says_why_auto_never_drafts():
-    cpu = AutoPlanner(Costs(list(CPU_V), [0.6 * CPU_V[0]]), [(3.0, 2.0)])
+    cpu = AutoPlanner(Costs(list(CPU_V), [0.6 * CPU_V[0]]), [(3.0, 2.0)], model_free=[False])
     assert "cannot beat plain decoding" in (cpu.explain(["draft"]) or "")
-    gpu = AutoPlanner(Costs(list(GPU_V), [0.1 * GPU_V[0]]), [(3.0, 2.0)])
+    gpu = AutoPlanner(Costs(list(GPU_V), [0.1 * GPU_V[0]]), [(3.0, 2.0)], model_free=[False])
     assert gpu.explain(["draft"]) is None
 
 
@@ -426,10 +445,15 @@ def test_route_priors_let_long_copies_draft_deep_from_the_first_rounds():
     here += [0.1348 + (0.1525 - 0.1348) * i / 3 for i in (1, 2, 3)]  # V(10..12)
     here += [0.1525 + (0.1417 - 0.1525) * i / 4 for i in (1, 2, 3, 4)]  # V(13..16): the 16-row dip
     costs = Costs(here, [0.0], exact_n=3)
-    planner = AutoPlanner(costs, [(1.0, 1.0)], route_priors=[NGRAM_ROUTE_PRIORS], explore=False)
-    assert planner.plan(15, ["match 16+"])[1] >= 2
-    assert planner.plan(15, ["match 2+"]) == (None, 0)
-    assert AutoPlanner(costs, [(1.0, 1.0)], explore=False).plan(15, ["match 16+"]) == (None, 0)
+    planner = AutoPlanner(
+        costs, [(1.0, 1.0)], model_free=[True], route_priors=[NGRAM_ROUTE_PRIORS], explore=False
+    )
+    assert planner.plan(15, ["match 16+"]).k >= 2
+    assert choice(planner.plan(15, ["match 2+"])) == (None, 0)
+    assert (
+        AutoPlanner(costs, [(1.0, 1.0)], model_free=[True], explore=False).plan(15, ["match 16+"]).drafter
+        is None
+    )
 
 
 def test_a_depth_without_evidence_is_not_less_likely_than_the_one_before():
@@ -451,10 +475,12 @@ def test_a_strict_planner_keeps_to_the_exact_batch_from_its_first_round():
     always follows), so even a route that is always right is verified within the bit-exact batch on
     a CPU; without --strict the same planner verifies it in long batches."""
     costs = Costs(list(REPACK_V), [0.0], exact_n=3)
-    strict = AutoPlanner(costs, [(50.0, 1.0)], explore=False, strict=True)
-    loose = AutoPlanner(Costs(list(REPACK_V), [0.0], exact_n=3), [(50.0, 1.0)], explore=False)
-    assert strict.plan(100, ["match 16+"]) == (0, 2)
-    assert loose.plan(100, ["match 16+"])[1] > 2
+    strict = AutoPlanner(costs, [(50.0, 1.0)], model_free=[True], explore=False, strict=True)
+    loose = AutoPlanner(
+        Costs(list(REPACK_V), [0.0], exact_n=3), [(50.0, 1.0)], model_free=[True], explore=False
+    )
+    assert choice(strict.plan(100, ["match 16+"])) == (0, 2)
+    assert loose.plan(100, ["match 16+"]).k > 2
 
 
 # the F16 stand-in for a big target: a batch of 4 costs 1.85 tokens, the curve stays flat
@@ -471,9 +497,10 @@ def simulate_draft_model(
     rng = np.random.default_rng(seed)
     out = []
     for _ in range(rounds):
-        which, k = planner.plan(100, ["model", "match 2+"] if n_gram else ["model"])
+        plan = planner.plan(100, ["model", "match 2+"] if n_gram else ["model"])
+        which, k = choice(plan)
         if which is None:
-            planner.observe(Round(None, 0, 0, 0, 1, v[0]), None)
+            planner.observe(Round(None, 0, 0, 0, 1, v[0]), plan)
             out.append((None, 0))
             continue
         if which == 1:  # the n-gram route: k copied tokens, each right 30% of the time
@@ -481,10 +508,10 @@ def simulate_draft_model(
             while acc < k and rng.random() < 0.3:
                 acc += 1
             judged = min(k, acc + 1)
-            planner.observe(Round("ngram", k, judged, acc, acc + 1, v[k], route="match 2+", proposed=k), 1)
+            planner.observe(Round("ngram", k, judged, acc, acc + 1, v[k], route="match 2+", proposed=k), plan)
             out.append((1, k))
             continue
-        budget, reach, confs = planner.draft_budget(0), 1.0, []
+        budget, reach, confs = planner.draft_budget(plan), 1.0, []
         while len(confs) < k:
             conf = float(np.clip(rng.normal(accept, 0.08), 0.05, 1.0))
             reach *= budget.accept_chance(conf, len(confs)) if budget else conf
@@ -500,7 +527,8 @@ def simulate_draft_model(
             Round("draft", k, judged, acc, acc + 1, v[min(n, len(v) - 1)] + n * planner.costs.draft[0],
                   draft_seconds=n * planner.costs.draft[0], route="model", proposed=n,
                   confidence=tuple(confs[:judged])),
-            0,
+            plan,
+            budget,
         )  # fmt: skip
         out.append((0, n))
     return out
@@ -510,7 +538,9 @@ def test_a_cheap_draft_that_is_usually_right_drafts_deep_on_a_flat_curve():
     """c = 0.27 of a target token, V(4) = 1.85 V(1), drafts right ~95% of the time: the
     planner must draft deep (a fixed -k 8 made 5.8 tokens a pass there, auto had made 2-3)."""
     v = BIG_V + [BIG_V[-1] + 0.1 * BIG_V[0] * i for i in range(1, 41)]
-    planner = AutoPlanner(Costs(list(v), [0.27 * v[0]]), [(3.0, 2.0)], rng=np.random.default_rng(3))
+    planner = AutoPlanner(
+        Costs(list(v), [0.27 * v[0]]), [(3.0, 2.0)], model_free=[False], rng=np.random.default_rng(3)
+    )
     late = simulate_draft_model(planner, v, 0.95, 200)[50:]
     drafted = [n for which, n in late if which == 0]
     assert len(drafted) / len(late) > 0.9
@@ -520,7 +550,10 @@ def test_a_cheap_draft_that_is_usually_right_drafts_deep_on_a_flat_curve():
 def test_the_draft_model_keeps_its_rounds_from_an_n_gram_route_that_keeps_failing():
     v = BIG_V + [BIG_V[-1] + 0.1 * BIG_V[0] * i for i in range(1, 41)]
     planner = AutoPlanner(
-        Costs(list(v), [0.27 * v[0], 0.0]), [(3.0, 2.0), (1.0, 1.0)], rng=np.random.default_rng(4)
+        Costs(list(v), [0.27 * v[0], 0.0]),
+        [(3.0, 2.0), (1.0, 1.0)],
+        model_free=[False, True],
+        rng=np.random.default_rng(4),
     )
     late = simulate_draft_model(planner, v, 0.95, 200, n_gram=True)[50:]
     assert sum(which == 0 for which, _ in late) / len(late) > 0.8
@@ -529,7 +562,9 @@ def test_the_draft_model_keeps_its_rounds_from_an_n_gram_route_that_keeps_failin
 def test_a_dear_draft_on_this_cpu_stays_idle():
     """The default pair on a 2-core CPU: a draft token costs 0.6 of a target token and batches are
     dear, so even a draft that is always right never drafts (today's default-pair behaviour)."""
-    planner = AutoPlanner(Costs(list(CPU_V), [0.6 * CPU_V[0]]), [(3.0, 2.0)], rng=np.random.default_rng(5))
+    planner = AutoPlanner(
+        Costs(list(CPU_V), [0.6 * CPU_V[0]]), [(3.0, 2.0)], model_free=[False], rng=np.random.default_rng(5)
+    )
     rounds = simulate_draft_model(planner, CPU_V, 0.99, 100)
     assert all(which is None for which, _ in rounds)
     assert planner.begin_answer([0], 256) == [False]
@@ -540,7 +575,9 @@ def test_an_agents_long_prompt_leaves_a_dear_draft_behind_and_a_chat_turn_does_n
     2,700 prompt tokens (an aider turn) would cost more than the draft saves in an answer; the
     few new tokens of a chat turn are always worth it (the draft stays able to draft)."""
     v0 = CPU_V[0]
-    planner = AutoPlanner(Costs(list(CPU_V), [0.3 * v0], catch_up=[0.15 * v0]), [(3.0, 2.0)])
+    planner = AutoPlanner(
+        Costs(list(CPU_V), [0.3 * v0], catch_up=[0.15 * v0]), [(3.0, 2.0)], model_free=[False]
+    )
     assert planner.begin_answer([2700], 256) == [False]
     note = planner.explain(["draft-0.5b"])
     assert (
@@ -555,68 +592,84 @@ def test_an_agents_long_prompt_leaves_a_dear_draft_behind_and_a_chat_turn_does_n
 
 def test_a_cheap_draft_for_a_dear_target_is_given_even_a_long_prompt():
     v0 = BIG_V[0]  # the 70B-with-a-1B regime: prefill of the draft ~0.005 of a target token
-    planner = AutoPlanner(Costs(list(BIG_V), [0.05 * v0], catch_up=[0.005 * v0]), [(3.0, 2.0)])
+    planner = AutoPlanner(
+        Costs(list(BIG_V), [0.05 * v0], catch_up=[0.005 * v0]), [(3.0, 2.0)], model_free=[False]
+    )
     assert planner.begin_answer([2700], 256) == [True]
-    model_free = AutoPlanner(Costs(list(BIG_V), [0.0], catch_up=[0.0]), [(3.0, 2.0)])
+    model_free = AutoPlanner(Costs(list(BIG_V), [0.0], catch_up=[0.0]), [(3.0, 2.0)], model_free=[True])
     assert model_free.begin_answer([0], 256) == [True]  # n-grams: nothing to prefill
 
 
 def test_short_answers_seen_make_a_long_prefill_not_worth_it():
     """The expected saving counts the answer's likely length: its limit, or what recent answers ran."""
     v0 = BIG_V[0]
-    planner = AutoPlanner(Costs(list(BIG_V), [0.1 * v0], catch_up=[0.05 * v0]), [(3.0, 2.0)])
+    planner = AutoPlanner(
+        Costs(list(BIG_V), [0.1 * v0], catch_up=[0.05 * v0]), [(3.0, 2.0)], model_free=[False]
+    )
     assert planner.begin_answer([400], 256) == [True]  # costs 20 tokens' time, saves ~23
     assert planner.begin_answer([400], 4) == [False]  # a 4-token limit saves too little
     for _ in range(8):  # eight answers of 10 tokens each
         planner.begin_answer([0], 256)
-        planner.observe(Round(None, 0, 0, 0, 10, v0), None)
+        planner.observe(Round(None, 0, 0, 0, 10, v0), NO_DRAFT)
     assert planner.begin_answer([400], 256) == [False]
     assert planner.answer_tokens < 30
 
 
 def test_a_timed_prefill_replaces_the_calibrated_catch_up_price():
     v0 = BIG_V[0]
-    planner = AutoPlanner(Costs(list(BIG_V), [0.1 * v0], catch_up=[0.2 * v0]), [(3.0, 2.0)])
+    planner = AutoPlanner(
+        Costs(list(BIG_V), [0.1 * v0], catch_up=[0.2 * v0]), [(3.0, 2.0)], model_free=[False]
+    )
     assert planner.begin_answer([600], 256) == [False]  # priced at 0.2 of a token per token
     planner.observe_prefill(0, 1000, 1000 * 0.02 * v0)  # a long prompt ran at 0.02
     assert planner.prefill_cost[0] == pytest.approx(0.02 * v0)
     assert planner.begin_answer([600], 256) == [True]
     planner.observe_prefill(0, 10, 10.0)  # too short a sample to learn from
     assert planner.prefill_cost[0] == pytest.approx(0.02 * v0)
-    seeded = AutoPlanner(Costs(list(BIG_V), [0.1 * v0], catch_up=[0.2 * v0]), [(3.0, 2.0)], learn_costs=False)
+    seeded = AutoPlanner(
+        Costs(list(BIG_V), [0.1 * v0], catch_up=[0.2 * v0]),
+        [(3.0, 2.0)],
+        model_free=[False],
+        learn_costs=False,
+    )
     seeded.observe_prefill(0, 1000, 1000 * 0.02 * v0)  # a seeded request's choices never follow timing
     assert seeded.prefill_cost[0] == pytest.approx(0.2 * v0)
 
 
 def test_acceptance_estimates_forget_the_prior_and_reach_the_measured_rate():
-    planner = AutoPlanner(Costs(list(BIG_V), [0.0]), [(3.0, 2.0)], rng=np.random.default_rng(6))
+    planner = AutoPlanner(
+        Costs(list(BIG_V), [0.0]), [(3.0, 2.0)], model_free=[True], rng=np.random.default_rng(6)
+    )
     for _ in range(150):  # 98 of 100 drafts of 4 accepted
-        planner.observe(Round("d", 4, 4, 4, 5, BIG_V[4], route="r", proposed=4), 0)
+        planner.observe(Round("d", 4, 4, 4, 5, BIG_V[4], route="r", proposed=4), Plan(0, 4))
     rates = planner.acceptance(0, "r").rates(4, None)
     assert min(rates) > 0.97, rates  # a prior kept at full weight held it near 0.93
 
 
 def test_the_draft_budget_learns_how_often_unsure_draft_tokens_are_right():
-    planner = AutoPlanner(Costs(list(BIG_V), [0.27 * BIG_V[0]]), [(3.0, 2.0)], rng=np.random.default_rng(7))
+    planner = AutoPlanner(
+        Costs(list(BIG_V), [0.27 * BIG_V[0]]), [(3.0, 2.0)], model_free=[False], rng=np.random.default_rng(7)
+    )
     for _ in range(100):  # tokens the draft gives only 0.45 are always right
         planner.observe(
-            Round("d", 2, 2, 2, 3, BIG_V[2], route="model", proposed=2, confidence=(0.45, 0.45)), 0
+            Round("d", 2, 2, 2, 3, BIG_V[2], route="model", proposed=2, confidence=(0.45, 0.45)), Plan(0, 2)
         )
-    planner.plan(16, ["model"])
-    budget = planner.draft_budget(0)
+    budget = planner.draft_budget(planner.plan(16, ["model"]))
     assert budget is not None and min(budget.accept_chance(0.45, i) for i in (0, 1, 5)) > 0.85
     assert 0.0 < budget.floor <= 0.9
 
 
 def test_a_model_free_drafters_timing_does_not_make_it_a_draft_model():
-    """An n-gram proposal takes microseconds; learned as its cost it made the drafter look like a
-    draft model (cost > 0), whose rounds plan() extends to the depth where a perfect draft stops
-    paying, so every copy was drafted 15 deep. Its cost stays 0 and its k is the planned one."""
-    planner = AutoPlanner(Costs(list(CPU_V), [0.0]), [(1.0, 1.0)], explore=False)
+    """An n-gram proposal takes microseconds, which are not learned as a cost: it stays 0, and the
+    drafter's k is the planned one (only a draft model, which stops itself, is handed the depth
+    where a perfect draft stops paying)."""
+    planner = AutoPlanner(Costs(list(CPU_V), [0.0]), [(1.0, 1.0)], model_free=[True], explore=False)
     for _ in range(5):
-        planner.observe(Round("ngram", 2, 2, 1, 2, CPU_V[2], draft_seconds=2e-5, route="r", proposed=2), 0)
+        planner.observe(
+            Round("ngram", 2, 2, 1, 2, CPU_V[2], draft_seconds=2e-5, route="r", proposed=2), Plan(0, 2)
+        )
     assert planner.costs.draft == [0.0]
-    which, k = planner.plan(8, ["r"])
+    which, k = choice(planner.plan(8, ["r"]))
     rates = planner.acceptance(0, "r").rates(8, None)
     assert (which, k) == ((0, best_k(rates, planner._verify_curve(8), 0.0)[0]) if k else (None, 0))
     assert k < best_k([1.0] * 8, planner._verify_curve(8), 0.0)[0]
@@ -662,13 +715,14 @@ def test_the_first_draft_position_learns_its_own_confidence_curve():
     """A head drafts its first token from the target's own state and the rest from its guesses: the
     same confidence is worth more there (Gemma 4's assistant: unsure first tokens right 13 times in
     15, unsure later ones 16 in 32), so the first position keeps a curve of its own."""
-    planner = AutoPlanner(Costs(list(BIG_V), [0.2 * BIG_V[0]]), [(4.0, 2.0)], explore=False)
+    planner = AutoPlanner(
+        Costs(list(BIG_V), [0.2 * BIG_V[0]]), [(4.0, 2.0)], model_free=[False], explore=False
+    )
     for _ in range(60):  # unsure first tokens always right, the unsure second ones never
         planner.observe(
-            Round("d", 2, 2, 1, 2, BIG_V[2], route="model", proposed=2, confidence=(0.05, 0.05)), 0
+            Round("d", 2, 2, 1, 2, BIG_V[2], route="model", proposed=2, confidence=(0.05, 0.05)), Plan(0, 2)
         )
-    planner.plan(16, ["model"])
-    budget = planner.draft_budget(0)
+    budget = planner.draft_budget(planner.plan(16, ["model"]))
     assert budget is not None
     assert budget.accept_chance(0.05, 0) > 0.9 and budget.accept_chance(0.05, 1) < 0.1
     assert budget.accept_chance(0.05, 7) == budget.accept_chance(0.05, 1)  # every later position
@@ -677,14 +731,15 @@ def test_the_first_draft_position_learns_its_own_confidence_curve():
 def test_the_draft_budget_proposes_on_a_draw_but_looks_ahead_at_the_means():
     """A bin read at a posterior draw above its mean may have a token proposed (a verify row); the
     draft decode for the next position is decided at the mean, so exploring costs no decodes."""
-    planner = AutoPlanner(Costs(list(BIG_V), [0.3 * BIG_V[0]]), [(9.0, 1.0)], rng=np.random.default_rng(5))
+    planner = AutoPlanner(
+        Costs(list(BIG_V), [0.3 * BIG_V[0]]), [(9.0, 1.0)], model_free=[False], rng=np.random.default_rng(5)
+    )
     for _ in range(3):  # a thin bin: its draws spread well above its mean
         planner.confidence[0].observe((0.35,), 0)
     means = planner.confidence[0].chances(None)
     above = 0
     for _ in range(20):
-        planner.plan(16, ["model"])
-        budget = planner.draft_budget(0)
+        budget = planner.draft_budget(planner.plan(16, ["model"]))
         assert budget is not None and budget.sure == means
         pairs = zip(budget.chance[0], budget.sure[0], strict=True)
         assert all(c >= m for c, m in pairs)
@@ -696,27 +751,33 @@ def test_the_draft_budget_proposes_on_a_draw_but_looks_ahead_at_the_means():
 def test_the_planner_prices_a_token_by_its_row_a_look_ahead_by_its_decode_too_and_keeps_tries_out():
     v0 = BIG_V[0]
     c = 0.3 * v0
-    planner = AutoPlanner(Costs(list(BIG_V), [c]), [(9.0, 1.0)], rng=np.random.default_rng(1))
+    planner = AutoPlanner(
+        Costs(list(BIG_V), [c]), [(9.0, 1.0)], model_free=[False], rng=np.random.default_rng(1)
+    )
     unsure = 0.05  # a first token proposed at its row's price only: a one-row try
     for _ in range(12):  # tokens drafted this unsure were seldom right (the confidence curve learns it)
         planner.confidence[0].observe((unsure,), 0)
-    which, _ = planner.plan(16, ["model"])
-    assert which == 0
-    budget = planner.draft_budget(0)
+    plan = planner.plan(16, ["model"])
+    assert plan.drafter == 0
+    budget = planner.draft_budget(plan)
     assert budget is not None
-    speed = planner.last_speed
+    speed = plan.speed
     assert budget.floor_at(0) == pytest.approx(speed * (BIG_V[1] - BIG_V[0]))  # its own row
     assert budget.ahead_at(0) == pytest.approx(min(0.9, speed * (c + BIG_V[1] - BIG_V[0])))
     assert budget.floor_at(0) < budget.ahead_at(0)  # proposing a computed token costs no decode
     assert budget.expect and all(0.0 < e <= 1.0 for e in budget.expect)  # the planned depth's rates
     before = list(planner.acceptance(0, "model").a), list(planner.acceptance(0, "model").b)
     assert budget.accept_chance(unsure, 0) < budget.ahead_at(0)
-    planner.observe(Round("d", 1, 1, 0, 1, BIG_V[1], route="model", proposed=1, confidence=(unsure,)), 0)
+    planner.observe(
+        Round("d", 1, 1, 0, 1, BIG_V[1], route="model", proposed=1, confidence=(unsure,)), plan, budget
+    )
     after = planner.acceptance(0, "model")
     assert (after.a, after.b) == before  # the per-depth rates plan() chooses by are not pulled down
-    planner.plan(16, ["model"])
-    planner.draft_budget(0)
-    planner.observe(Round("d", 3, 3, 1, 2, BIG_V[3], route="model", proposed=3, confidence=(0.95,) * 3), 0)
+    plan = planner.plan(16, ["model"])
+    budget = planner.draft_budget(plan)
+    planner.observe(
+        Round("d", 3, 3, 1, 2, BIG_V[3], route="model", proposed=3, confidence=(0.95,) * 3), plan, budget
+    )
     counted = planner.acceptance(0, "model")
     assert (counted.a, counted.b) != before  # an ordinary draft round is counted as before
 
@@ -727,17 +788,17 @@ def test_a_draft_model_left_behind_by_n_gram_rounds_is_still_chosen_while_the_an
     to catch up) made the draft model look worse than plain decoding for the rest of the answer."""
     v0 = BIG_V[0]
     costs = Costs(list(BIG_V), [0.1 * v0, 0.0], catch_up=[0.05 * v0, 0.0])
-    planner = AutoPlanner(costs, [(3.0, 2.0), (1.0, 1.0)], explore=False)
+    planner = AutoPlanner(costs, [(3.0, 2.0), (1.0, 1.0)], model_free=[False, True], explore=False)
     assert planner.begin_answer([0, 0], 400) == [True, True]
-    assert planner.plan(8, ["model", None], [1, 0])[0] == 0  # caught up: it pays at its prior
-    planner.observe(Round("ngram", 4, 4, 4, 60, BIG_V[4], route="match 8+", proposed=4), 1)
-    assert planner.plan(8, ["model", None], [30, 0])[0] == 0  # ~200 tokens to go
+    assert planner.plan(8, ["model", None], [1, 0]).drafter == 0  # caught up: it pays at its prior
+    planner.observe(Round("ngram", 4, 4, 4, 60, BIG_V[4], route="match 8+", proposed=4), Plan(1, 4))
+    assert planner.plan(8, ["model", None], [30, 0]).drafter == 0  # ~200 tokens to go
     for _ in range(3):  # near the end of the answer the catch-up no longer pays for itself
-        planner.observe(Round("ngram", 4, 4, 4, 60, BIG_V[4], route="match 8+", proposed=4), 1)
-    assert planner.plan(8, ["model", None], [30, 0]) == (None, 0)
+        planner.observe(Round("ngram", 4, 4, 4, 60, BIG_V[4], route="match 8+", proposed=4), Plan(1, 4))
+    assert choice(planner.plan(8, ["model", None], [30, 0])) == (None, 0)
     # a prompt judged not worth giving it over the whole answer is not caught up on mid-answer either
     assert planner.begin_answer([50_000, 0], 400) == [False, True]
-    assert planner.plan(8, ["model", None], [50_000, 0]) == (None, 0)
+    assert choice(planner.plan(8, ["model", None], [50_000, 0])) == (None, 0)
 
 
 def test_deep_draft_positions_are_priced_at_their_own_rows_where_the_curve_steepens():
@@ -749,18 +810,17 @@ def test_deep_draft_positions_are_priced_at_their_own_rows_where_the_curve_steep
 
     v0 = 0.0142
     steep_late = [v0 * x for x in (1.0, 1.11, 1.26, 1.41, 1.60, 1.79, 1.97, 2.16, 2.35, 2.54)]
-    planner = AutoPlanner(Costs(steep_late, [0.24 * v0]), [(9.0, 1.0)], explore=False)
-    which, _ = planner.plan(8, ["model"])
-    assert which == 0
-    budget = planner.draft_budget(0)
+    planner = AutoPlanner(Costs(steep_late, [0.24 * v0]), [(9.0, 1.0)], model_free=[False], explore=False)
+    plan = planner.plan(8, ["model"])
+    assert plan.drafter == 0
+    budget = planner.draft_budget(plan)
     assert budget is not None and len(budget.floors) == 8
     assert all(f >= budget.floor for f in budget.floors[1:])  # the first: its own row (cheapest)
     assert budget.floor_at(5) > budget.floor  # rows 6-9 at 0.19 each: dearer than the average
     assert budget.floor_at(50) == budget.floor  # past the curve the planner has: the floor
     flat_late = [v0 * x for x in (1.0, 1.17, 1.33, 1.50, 1.58, 1.67, 1.75, 1.84, 1.92, 2.0)]
-    planner = AutoPlanner(Costs(flat_late, [0.14 * v0]), [(9.0, 1.0)], explore=False)
-    planner.plan(8, ["model"])
-    budget = planner.draft_budget(0)
+    planner = AutoPlanner(Costs(flat_late, [0.14 * v0]), [(9.0, 1.0)], model_free=[False], explore=False)
+    budget = planner.draft_budget(planner.plan(8, ["model"]))
     assert budget is not None and all(f == pytest.approx(budget.floor) for f in budget.floors[3:])
     assert DraftBudget(floor=0.5, floors=(0.5, 0.7)).floor_at(1) == 0.7
     # the draft model stops where its position's floor says, not the round's
@@ -779,19 +839,19 @@ def test_a_draft_models_step_cost_is_learned_per_decode_not_per_proposed_token()
     what a further token costs. Divided by the tokens proposed, an MTP head's 28 ms step was learned
     as 6.6 ms within one answer of mostly one-token drafts, and deep drafts looked cheap."""
     step = 0.028
-    planner = AutoPlanner(Costs(list(BIG_V), [step]), [(4.0, 2.0)], explore=False)
+    planner = AutoPlanner(Costs(list(BIG_V), [step]), [(4.0, 2.0)], model_free=[False], explore=False)
     for _ in range(40):  # one-token drafts: the catch-up paid for the only token, no decode after it
         planner.observe(
             Round("mtp", 1, 1, 1, 2, BIG_V[1] + step, draft_seconds=step + 1e-4, route="model",
                   proposed=1, catch_up_seconds=step, draft_decodes=0),
-            0,
+            Plan(0, 1),
         )  # fmt: skip
     assert planner.costs.draft[0] == pytest.approx(step)
     for _ in range(40):  # three-token drafts: two decodes after the catch-up
         planner.observe(
             Round("mtp", 3, 3, 3, 4, BIG_V[3] + 3 * step, draft_seconds=3 * step, route="model",
                   proposed=3, catch_up_seconds=step, draft_decodes=2),
-            0,
+            Plan(0, 3),
         )  # fmt: skip
     assert planner.costs.draft[0] == pytest.approx(step, rel=0.01)
 

@@ -43,7 +43,7 @@ def planner_factory(
         if cfg.k is not None:
             return FixedK(cfg.k)
         pair = _Pair(target, [drafters[i] for i in cfg.drafters], strict or cfg.strict, backend, verified)
-        return make_planner(pair, None)  # type: ignore[no-any-return]
+        return make_planner(pair, None)
 
     return make
 

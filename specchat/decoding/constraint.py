@@ -1,7 +1,7 @@
 """Constrained output: verifying drafts against the target *restricted by a grammar*, exactly.
 
 A `Constraint` says which tokens may come next after the tokens it has accepted, and advances with
-each committed token. The loop (loop._verify) decides every verify row under the constraint's state
+each committed token. The loop (verification.judge) decides every verify row under the constraint's state
 after the tokens decided before it in the round, through a `Walk`:
 
 * greedy: the largest logit among allowed tokens (ties: the lowest id, as unconstrained greedy).

@@ -114,6 +114,17 @@ class DrafterStats:
     def acceptance_rate(self) -> float:
         return self.accepted / self.drafted if self.drafted else 0.0
 
+    def __add__(self, other: DrafterStats) -> DrafterStats:
+        """Both counts of one drafter added up (a running total and one round, or two answers'
+        totals): the frozen record is replaced, never changed, so a snapshot handed out stays as it was."""
+        return DrafterStats(
+            name=self.name,
+            rounds=self.rounds + other.rounds,
+            drafted=self.drafted + other.drafted,
+            accepted=self.accepted + other.accepted,
+            seconds=self.seconds + other.seconds,
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class RouteStats:
@@ -130,6 +141,17 @@ class RouteStats:
     @property
     def acceptance_rate(self) -> float:
         return self.accepted / self.drafted if self.drafted else 0.0
+
+    def __add__(self, other: RouteStats) -> RouteStats:
+        """Both counts of one drafter on one route added up (see DrafterStats.__add__)."""
+        return RouteStats(
+            drafter=self.drafter,
+            route=self.route,
+            rounds=self.rounds + other.rounds,
+            drafted=self.drafted + other.drafted,
+            accepted=self.accepted + other.accepted,
+            rechecked=self.rechecked + other.rechecked,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,21 +257,11 @@ def total(stats: Sequence[Stats], *, one_prompt: bool) -> Stats:
         return stats[0]
     drafters: dict[str, DrafterStats] = {}
     for d in (d for s in stats for d in s.drafters):
-        o = drafters.get(d.name, DrafterStats(d.name))
-        drafters[d.name] = DrafterStats(
-            d.name, o.rounds + d.rounds, o.drafted + d.drafted, o.accepted + d.accepted, o.seconds + d.seconds
-        )
+        drafters[d.name] = drafters.get(d.name, DrafterStats(d.name)) + d
     routes: dict[tuple[str, str | None], RouteStats] = {}
     for r in (r for s in stats for r in s.routes):
-        o = routes.get((r.drafter, r.route), RouteStats(r.drafter, r.route))
-        routes[(r.drafter, r.route)] = RouteStats(
-            r.drafter,
-            r.route,
-            o.rounds + r.rounds,
-            o.drafted + r.drafted,
-            o.accepted + r.accepted,
-            o.rechecked + r.rechecked,
-        )
+        key = (r.drafter, r.route)
+        routes[key] = routes.get(key, RouteStats(drafter=r.drafter, route=r.route)) + r
     reasons = {s.stop_reason for s in stats}
     return Stats(
         prompt_tokens=stats[0].prompt_tokens if one_prompt else sum(s.prompt_tokens for s in stats),

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import codecs
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -32,39 +32,65 @@ from .events import Done, DrafterStats, Event, Notice, Round, RouteStats, Source
 from .logprobs import TokenLogprob, token_logprob
 from .model import Model, common_prefix_len, sync_cache
 from .processors import AnswerProcessor, LogitsProcessor, ProcessedRows, for_params
-from .sampling import SamplingParams, align, greedy, greedy_gap, probs, sample, verify
+from .sampling import SamplingParams
 from .settings import MAX_TOKENS
+from .verification import judge
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """One round's choice, and what the planner chose it from. The loop hands it back to the planner
+    that made it (draft_budget, then observe), so a planner keeps nothing from one of those calls to
+    the next: a round cut short, or a planner shared by several answers, cannot leave a stale choice
+    behind for another round to read."""
+
+    #: index into the drafters; None: no draft this round (plain decoding)
+    drafter: int | None = None
+    #: draft tokens at most (a drafter that knows its confidence may stop sooner)
+    k: int = 0
+    #: what a cost-model planner expected of this choice (FixedK leaves them empty): tokens per second,
+    #: the verify curve V(1), V(2).. it priced batches with, the draft length that speed was computed
+    #: for (`k` may be deeper: a draft model stops itself), and the drafter's acceptance by depth
+    speed: float = 0.0
+    verify: tuple[float, ...] = ()
+    planned_k: int = 0
+    rates: tuple[float, ...] = ()
+
+
+#: a round without a draft: planned so, or not planned at all (a near-tie's one-token re-check)
+NO_DRAFT = Plan()
 
 
 class Planner(Protocol):
-    """Per round: which drafter (index into the drafters, None = no draft) and how many tokens.
+    """Per round: which drafter and how many tokens (plan), where a drafter that knows its confidence
+    should stop (draft_budget), and what came of it (observe); the Plan travels through all three.
 
     `routes[i]` is drafter i's `route()` for this round: the kind of context it is in, or None when it
     has nothing to propose (so it must not be chosen)."""
 
-    def plan(
-        self, max_k: int, routes: Sequence[str | None], lags: Sequence[int] = ()
-    ) -> tuple[int | None, int]:
+    def plan(self, max_k: int, routes: Sequence[str | None], lags: Sequence[int] = ()) -> Plan:
         """`lags[i]`: context tokens drafter i must catch up on first (Drafter.lag)."""
         ...
 
-    def observe(self, rnd: Round, drafter: int | None) -> None: ...
+    def draft_budget(self, plan: Plan) -> DraftBudget | None:
+        """For this plan's draft: where a drafter that knows its confidence should stop
+        (Drafter.propose's `budget`); None: at k or its own cut-off (p_min)."""
+        ...
+
+    def observe(self, rnd: Round, plan: Plan, budget: DraftBudget | None = None) -> None:
+        """The round `plan` chose (NO_DRAFT: no draft ran) happened as `rnd` says, drafted under
+        `budget` (what draft_budget gave it)."""
+        ...
 
     def begin_answer(self, lags: Sequence[int], max_new: int) -> list[bool]:
         """An answer starts; per drafter, whether to give it the prompt now (`lags[i]`: tokens it
         must process first, `max_new`: the answer's token limit). One that never pays, or whose
-        prefill would cost more than it is expected to save over the answer, is left behind: on a
-        CPU where a draft model never pays that saves a third of the prefill, and for an agent's
-        2,700-token prompt and 30-90-token answers the draft's prefill cost more than it saved."""
+        prefill would cost more than it is expected to save over the answer (a long prompt for a
+        short answer), is left behind: its prefill is then not paid at all."""
         ...
 
     def observe_prefill(self, drafter: int, tokens: int, seconds: float) -> None:
         """Drafter i processed `tokens` of prompt in `seconds` (priced into the next begin_answer)."""
-        ...
-
-    def draft_budget(self, drafter: int) -> DraftBudget | None:
-        """For this round's draft by drafter i: where a drafter that knows its confidence should
-        stop (Drafter.propose's `budget`); None: at k or its own cut-off (p_min)."""
         ...
 
 
@@ -76,14 +102,15 @@ class FixedK:
 
     k: int
 
-    def plan(
-        self, max_k: int, routes: Sequence[str | None], lags: Sequence[int] = ()
-    ) -> tuple[int | None, int]:
+    def plan(self, max_k: int, routes: Sequence[str | None], lags: Sequence[int] = ()) -> Plan:
         k = min(self.k, max_k)
         which = next((i for i, route in enumerate(routes) if route is not None), None)
-        return (which, k) if k > 0 and which is not None else (None, 0)
+        return Plan(which, k) if k > 0 and which is not None else NO_DRAFT
 
-    def observe(self, rnd: Round, drafter: int | None) -> None:
+    def draft_budget(self, plan: Plan) -> DraftBudget | None:
+        return None  # -k N drafts N unless the drafter's own confidence cut-off (p_min) stops it
+
+    def observe(self, rnd: Round, plan: Plan, budget: DraftBudget | None = None) -> None:
         return None
 
     def begin_answer(self, lags: Sequence[int], max_new: int) -> list[bool]:
@@ -92,9 +119,6 @@ class FixedK:
 
     def observe_prefill(self, drafter: int, tokens: int, seconds: float) -> None:
         return None
-
-    def draft_budget(self, drafter: int) -> DraftBudget | None:
-        return None  # -k N drafts N unless the drafter's own confidence cut-off (p_min) stops it
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,13 +136,13 @@ class Settings:
     exact_rows: int = 0
     #: greedy output equal to one-token decoding token for token, even where batched K/V left in
     #: the cache by a non-exact batch could tip a near-tie: decisions on such a cache use the margin
-    #: too, and a near-tie there first re-decodes the drifted span in exact batches (see generate)
+    #: too, and a near-tie there first re-decodes the drifted span in exact batches (_Answer.repair)
     strict: bool = False
     #: report each token's target log-probability and this many alternatives (Token.logprob);
     #: None (the default) computes nothing. Greedy, verify batches then stay within `exact_rows`
     #: (none beyond one row when it is 0): rows of a bigger batch differ from one-token decoding's
-    #: by up to ~0.1 in log-probability on a CPU (another GEMM), and the logprobs are the model's
-    #: own, equal to plain decoding's; the tokens are the same either way
+    #: on a CPU (another GEMM kernel), and the logprobs are the model's own, equal to plain
+    #: decoding's; the tokens are the same either way
     logprobs: int | None = None
     #: logits processors of the caller's own, applied after those the sampling settings ask for
     #: (penalties, logit bias: processors.for_params) to every row a token is decided from
@@ -159,24 +183,15 @@ class Tally:
             self.drafted_by_pos[i] += 1
             self.accepted_by_pos[i] += i < rnd.accepted
         if rnd.drafter is not None:
-            d = self.drafters.get(rnd.drafter, DrafterStats(rnd.drafter))
-            self.drafters[rnd.drafter] = DrafterStats(
-                d.name,
-                d.rounds + 1,
-                d.drafted + rnd.drafted,
-                d.accepted + rnd.accepted,
-                d.seconds + rnd.draft_seconds,
+            name, route = rnd.drafter, rnd.route
+            one = DrafterStats(
+                name, rounds=1, drafted=rnd.drafted, accepted=rnd.accepted, seconds=rnd.draft_seconds
             )
-            key = (rnd.drafter, rnd.route)
-            r = self.routes.get(key, RouteStats(*key))
-            self.routes[key] = RouteStats(
-                r.drafter,
-                r.route,
-                r.rounds + 1,
-                r.drafted + rnd.drafted,
-                r.accepted + rnd.accepted,
-                r.rechecked + rnd.recheck,
+            self.drafters[name] = self.drafters.get(name, DrafterStats(name)) + one
+            on_route = RouteStats(
+                name, route, rounds=1, drafted=rnd.drafted, accepted=rnd.accepted, rechecked=int(rnd.recheck)
             )
+            self.routes[name, route] = self.routes.get((name, route), RouteStats(name, route)) + on_route
 
     def snapshot(self, stop_reason: str) -> Stats:
         return Stats(
@@ -233,182 +248,311 @@ def generate(
     """
     if not prompt:
         raise ValueError("the prompt must contain at least one token")
-    rng = rng if rng is not None else np.random.default_rng()
-    planner = planner if planner is not None else FixedK(4 if drafters else 0)
-    tally = tally if tally is not None else Tally()
-    params = settings.params
-    detok = Detokenizer(target)
-    committed = list(prompt)
-    n_prompt = len(prompt)
-    processor = for_params(params, settings.processors)  # None: no setting needs the answer so far
-    answer = AnswerProcessor(processor, n_prompt) if processor is not None else None
-    margin = settings.tie_margin if params.greedy else 0.0
-    recheck = False  # the last round stopped at a near-tie: evaluate the next token alone
-    # first committed position whose K/V a non-exact batch wrote (None: the cache is what one-token
-    # decoding would hold). Such K/V differ from one-token ones in the last bits, and so do the
-    # logits of every later row, a single token included: see the repair below
-    drift_from: int | None = None
-    # greedy logprobs: drafts per round at most, so every verify batch is bit-identical (Settings)
-    exact_cap = max(0, settings.exact_rows - 1) if settings.logprobs is not None and params.greedy else None
-    tally.prompt_tokens = n_prompt
-    walk = (
-        Walk(constraint, target.n_vocab, target.is_eog, keep_rows=settings.logprobs is not None)
-        if constraint is not None
-        else None
+    answer = _Answer(
+        target,
+        prompt,
+        drafters,
+        planner if planner is not None else FixedK(4 if drafters else 0),
+        settings,
+        rng if rng is not None else np.random.default_rng(),
+        tally if tally is not None else Tally(),
+        constraint,
     )
-
-    t0 = time.perf_counter()
-    tally.prefill_tokens = len(prompt) - 1 - common_prefix_len(target.tokens, prompt[:-1])
-    stop = "interrupted"
     try:
-        sync_cache(target, prompt[:-1], logits_row_last=False)
-        lags = [d.lag(prompt[:-1]) for d in drafters]
-        chosen = planner.begin_answer(lags, settings.max_tokens)
-        for i, d in enumerate(drafters):  # drafts process the prompt now, not billed to decoding
-            if chosen[i]:
-                t_prep = time.perf_counter()
-                d.prepare(prompt[:-1])
-                planner.observe_prefill(i, lags[i], time.perf_counter() - t_prep)
-        t_decode = time.perf_counter()
-        tally.prefill_seconds = t_decode - t0
+        answer.prefill()
         while True:
-            remaining = settings.max_tokens - (len(committed) - n_prompt)
-            if remaining <= 0:
-                stop = "max_tokens"
+            stop = answer.out_of_room()
+            if stop is not None:
+                if stop == "context_full":
+                    yield Notice(
+                        f"context window full ({target.n_ctx} tokens): the answer was cut here; "
+                        "raise --ctx-size for longer output"
+                    )
                 break
-            room = target.n_ctx - len(committed) + 1  # positions left for this round's batch
-            if room <= 0:
-                stop = "context_full"
-                yield Notice(
-                    f"context window full ({target.n_ctx} tokens): the answer was cut here; "
-                    "raise --ctx-size for longer output"
-                )
-                break
-            max_k = min(remaining - 1, room - 1)
-            if exact_cap is not None:
-                max_k = min(max_k, exact_cap)
-            routes = [d.route(committed) for d in drafters] if drafters and not recheck else []
-            lags = [d.lag(committed) for d in drafters] if routes else []
-            which, k = planner.plan(max_k, routes, lags) if routes else (None, 0)
-            drafter = drafters[which] if which is not None and k > 0 else None
-            proposal = (
-                drafter.propose(
-                    committed, k, params, rng, budget=planner.draft_budget(which), processor=answer
-                )
-                if drafter is not None and which is not None
-                else Proposal()
-            )
-            del proposal.tokens[max_k:]
-            n_draft = len(proposal.tokens)
-            t_verify = time.perf_counter()
-            rows: np.ndarray | ProcessedRows = target.decode(
-                [committed[-1], *proposal.tokens], range(n_draft + 1)
-            )
-            if answer is not None:  # row i as plain decoding would see it: the answer so far + d1..d_i
-                rows = answer.rows(rows, committed, proposal.tokens)
-            # a one-token batch is evaluated exactly as plain decoding does, and so is one within the
-            # measured exact batch size: no margin needed there -- unless earlier batches left K/V
-            # in the cache that one-token decoding would not have written
-            exact = n_draft == 0 or n_draft + 1 <= settings.exact_rows
-            m = margin if (not exact or (settings.strict and drift_from is not None)) else 0.0
-            # the top-2 gaps of the rows walked: how tie-prone this text is, for the planner
-            gaps: list[float] | None = [] if margin > 0.0 else None
+            draft = answer.draft()
             try:
-                new, n_ok, judged = _verify(rows, proposal, params, rng, target.n_vocab, m, gaps, walk)
+                verdict = answer.verify(draft)
             except DeadEnd:
                 stop = "grammar"
                 yield Notice("the grammar allows no further token: the answer was cut here")
                 break
-            lps, lp_seconds = None, 0.0
-            if settings.logprobs is not None:
-                # new[i] was decided by rows[i]: read them before truncate (a recurrent cache
-                # re-decodes there, overwriting them); not part of the round's cost for the planner.
-                # Under a constraint: the constrained distribution, from the masked rows
-                t_lp = time.perf_counter()
-                lps = _logprobs(walk.rows if walk is not None else rows, new, params, settings.logprobs)
-                lp_seconds = time.perf_counter() - t_lp
-            recheck = len(new) == n_ok  # stopped at a near-tie: no target token was decided
-            gap_rows = len(gaps) if gaps is not None else 0
-            near = sum(g < margin for g in gaps) if gaps is not None else 0
-            # the cache holds committed[:-1] + [last] + drafts; afterwards it must hold the new
-            # committed[:-1]: committed + accepted drafts, minus one when no target token followed them
-            start, keep = len(committed) - 1, len(committed) + n_ok - recheck
-            target.truncate(keep)
-            drifted = 0
-            if settings.strict and not exact and margin > 0.0 and keep > start:
-                drifted = keep - start
-                drift_from = start if drift_from is None else min(drift_from, start)
-            if drift_from is not None and drift_from >= keep:
-                drift_from = None
-            verified = time.perf_counter()  # the round's cost ends here, before the consumer runs
-            ended = False
-            emitted = 0
-            for i, tok in enumerate(new):
-                committed.append(tok)
-                tally.generated += 1
-                emitted += 1
-                if target.is_eog(tok):
-                    ended = True
-                    break
-                lp = lps[i] if lps is not None else None
-                if i < n_ok:
-                    assert drafter is not None
-                    yield Token(tok, detok.piece(tok), drafter.source, drafter.name, lp)
-                else:
-                    yield Token(tok, detok.piece(tok), _target_source(judged, n_ok), None, lp)
-            now = time.perf_counter()
-            repaired, repair_s = 0, 0.0
-            if recheck and drift_from is not None and settings.strict:
-                # a near-tie on a drifted cache: the one-token re-check would still see batched K/V,
-                # so first rewrite them as one-token decoding does (exact-size batches are
-                # bit-identical to it), then the next round decides this position exactly
-                repaired = len(committed) - 1 - drift_from
-                _repair(target, committed, drift_from, max(1, settings.exact_rows))
-                drift_from = None
-                repair_s = time.perf_counter() - now
-            rnd = Round(
-                drafter=drafter.name if drafter is not None else None,
-                k=k if drafter is not None else 0,
-                drafted=judged,
-                accepted=n_ok,
-                emitted=emitted,
-                # what the planner learns V(n) from: not the time the consumer spent on the tokens
-                # (rendering 16 accepted tokens would make a 17-row batch look dearer than it is)
-                seconds=verified - t_verify - lp_seconds + proposal.seconds,
-                draft_seconds=proposal.seconds,
-                recheck=recheck,
-                route=routes[which] if drafter is not None and which is not None else None,
-                proposed=n_draft,
-                catch_up_seconds=proposal.catch_up_seconds,
-                draft_decodes=proposal.decodes,
-                confidence=tuple(proposal.confidence[:judged]),
-                margin_rows=(judged + (not recheck)) if m > 0.0 else 0,
-                gap_rows=gap_rows,
-                near_ties=near,
-                drifted=drifted,
-                repaired=repaired,
-                repair_seconds=repair_s,
-            )
-            now += repair_s
-            tally.decode_seconds = now - t_decode
-            tally.add_round(rnd)
-            planner.observe(rnd, which if drafter is not None else None)
+            emitted, ended = yield from answer.commit(draft, verdict)
+            rnd = answer.close_round(draft, verdict, emitted)
             yield rnd
             if ended:
                 stop = "eog"
                 break
     finally:
-        # whatever happened (EOG inside accepted drafts, early close, Ctrl-C mid-decode), leave the
-        # target cache holding committed[:-1] at most and each draft cache a prefix of committed
-        keep = min(len(committed) - 1, common_prefix_len(target.tokens, committed))
-        if len(target.tokens) > keep:
-            target.truncate(keep)
-        for d in drafters:
-            d.settle(committed)
-    tail = detok.flush()
+        answer.settle()
+    tail = answer.detok.flush()
     if tail:
         yield Notice(f"output ended inside a multi-byte character: {tail!r}")
-    yield Done(tally.snapshot(stop))
+    yield Done(answer.tally.snapshot(stop))
+
+
+@dataclass(frozen=True, slots=True)
+class _Draft:
+    """A round's drafting: the plan, the drafter it named (None: plain decoding), the route that drafter
+    reported, the budget it drafted under and its proposal (cut to the round's room)."""
+
+    plan: Plan
+    drafter: Drafter | None = None
+    route: str | None = None
+    budget: DraftBudget | None = None
+    proposal: Proposal = field(default_factory=Proposal)
+
+
+@dataclass(frozen=True, slots=True)
+class _Verdict:
+    """What the target's batch decided this round: `new` to commit (its first `accepted` are drafts),
+    after judging `judged` drafts with `margin` (0: every row trusted); the top-2 gaps seen (`gap_rows`
+    rows, `near_ties` of them within the tie margin); tokens left in the cache with batched K/V
+    (`drifted`); the logprobs asked for; and `seconds`, what the planner learns V(n) from: the batch,
+    the walk and the cut-back, not the logprobs (computed for the caller, not for speculation)."""
+
+    new: list[int]
+    accepted: int
+    judged: int
+    margin: float
+    gap_rows: int
+    near_ties: int
+    drifted: int
+    logprobs: list[TokenLogprob] | None
+    seconds: float
+
+    @property
+    def recheck(self) -> bool:
+        """Stopped at a near-tie: no target token was decided, and the next round evaluates that
+        position one token alone."""
+        return len(self.new) == self.accepted
+
+
+class _Answer:
+    """One answer's decoding state, shared by generate's steps: the committed tokens, whether the
+    next round is a near-tie's re-check, and where batched K/V begin in the target cache."""
+
+    def __init__(
+        self,
+        target: Model,
+        prompt: Sequence[int],
+        drafters: Sequence[Drafter],
+        planner: Planner,
+        settings: Settings,
+        rng: np.random.Generator,
+        tally: Tally,
+        constraint: Constraint | None,
+    ) -> None:
+        self.target, self.prompt, self.drafters, self.planner = target, prompt, drafters, planner
+        self.settings, self.params, self.rng, self.tally = settings, settings.params, rng, tally
+        self.detok = Detokenizer(target)
+        self.committed = list(prompt)
+        processor = for_params(self.params, settings.processors)  # None: no setting needs the answer so far
+        self.processor = AnswerProcessor(processor, len(prompt)) if processor is not None else None
+        self.margin = settings.tie_margin if self.params.greedy else 0.0
+        self.recheck = False  # the last round stopped at a near-tie: evaluate the next token alone
+        #: first committed position whose K/V a non-exact batch wrote (None: the cache is what
+        #: one-token decoding would hold). Such K/V differ from one-token ones in the last bits, and
+        #: so do the logits of every later row, a single token included: see repair
+        self.drift_from: int | None = None
+        #: greedy logprobs: drafts per round at most, so every verify batch is bit-identical (Settings)
+        logprobs = settings.logprobs is not None
+        self.exact_cap = max(0, settings.exact_rows - 1) if logprobs and self.params.greedy else None
+        self.walk = (
+            Walk(constraint, target.n_vocab, target.is_eog, keep_rows=logprobs)
+            if constraint is not None
+            else None
+        )
+        tally.prompt_tokens = len(prompt)
+        self.t_decode = 0.0
+
+    def prefill(self) -> None:
+        """Bring the target cache to the prompt (all but its last token, the first round's input),
+        and give the prompt to the drafters the planner chose: their prefill counts as prefill, not
+        as decoding."""
+        t0 = time.perf_counter()
+        context = self.prompt[:-1]
+        self.tally.prefill_tokens = len(context) - common_prefix_len(self.target.tokens, context)
+        sync_cache(self.target, context, logits_row_last=False)
+        lags = [d.lag(context) for d in self.drafters]
+        chosen = self.planner.begin_answer(lags, self.settings.max_tokens)
+        for i, d in enumerate(self.drafters):
+            if chosen[i]:
+                t_prep = time.perf_counter()
+                d.prepare(context)
+                self.planner.observe_prefill(i, lags[i], time.perf_counter() - t_prep)
+        self.t_decode = time.perf_counter()
+        self.tally.prefill_seconds = self.t_decode - t0
+
+    def _remaining(self) -> int:
+        return self.settings.max_tokens - (len(self.committed) - len(self.prompt))
+
+    def _room(self) -> int:
+        return self.target.n_ctx - len(self.committed) + 1  # positions left for this round's batch
+
+    def out_of_room(self) -> str | None:
+        """Why the answer stops before another round ("max_tokens", "context_full"), or None."""
+        if self._remaining() <= 0:
+            return "max_tokens"
+        return "context_full" if self._room() <= 0 else None
+
+    def draft(self) -> _Draft:
+        """Plan the round and have the chosen drafter propose: nothing after a near-tie (its
+        re-check decides one token alone), at most what the answer and the context have room for."""
+        max_k = min(self._remaining() - 1, self._room() - 1)
+        if self.exact_cap is not None:
+            max_k = min(max_k, self.exact_cap)
+        context = self.committed
+        routes = [d.route(context) for d in self.drafters] if self.drafters and not self.recheck else []
+        lags = [d.lag(context) for d in self.drafters] if routes else []
+        plan = self.planner.plan(max_k, routes, lags) if routes else NO_DRAFT
+        if plan.drafter is None or plan.k <= 0:
+            return _Draft(NO_DRAFT)
+        drafter = self.drafters[plan.drafter]
+        budget = self.planner.draft_budget(plan)
+        proposal = drafter.propose(
+            context, plan.k, self.params, self.rng, budget=budget, processor=self.processor
+        )
+        del proposal.tokens[max_k:]
+        return _Draft(plan, drafter, routes[plan.drafter], budget, proposal)
+
+    def verify(self, draft: _Draft) -> _Verdict:
+        """The target decodes [last, d1..dk] in one batch; the drafts are judged against its rows
+        (verification.judge), and its cache is cut back to the new committed[:-1]. Raises DeadEnd when a
+        constraint allows no token."""
+        drafts, settings = draft.proposal.tokens, self.settings
+        t_verify = time.perf_counter()
+        batch = self.target.decode([self.committed[-1], *drafts], range(len(drafts) + 1))
+        # row i as plain decoding would see it: the answer so far + d1..d_i
+        rows: np.ndarray | ProcessedRows = (
+            batch if self.processor is None else self.processor.rows(batch, self.committed, drafts)
+        )
+        # a one-token batch is evaluated exactly as plain decoding does, and so is one within the
+        # measured exact batch size: no margin needed there -- unless earlier batches left K/V
+        # in the cache that one-token decoding would not have written
+        exact = not drafts or len(drafts) + 1 <= settings.exact_rows
+        margin = self.margin if (not exact or (settings.strict and self.drift_from is not None)) else 0.0
+        # the top-2 gaps of the rows walked: how tie-prone this text is, for the planner
+        gaps: list[float] | None = [] if self.margin > 0.0 else None
+        new, n_ok, judged = judge(
+            rows, draft.proposal, self.params, self.rng, self.target.n_vocab, margin, gaps, self.walk
+        )
+        lps, lp_seconds = None, 0.0
+        if settings.logprobs is not None:
+            # new[i] was decided by rows[i]: read them before truncate (a recurrent cache
+            # re-decodes there, overwriting them). Under a constraint: the constrained
+            # distribution, from the masked rows
+            t_lp = time.perf_counter()
+            lps = _logprobs(
+                self.walk.rows if self.walk is not None else rows, new, self.params, settings.logprobs
+            )
+            lp_seconds = time.perf_counter() - t_lp
+        self.recheck = len(new) == n_ok
+        gap_rows = len(gaps) if gaps is not None else 0
+        near_ties = sum(g < self.margin for g in gaps) if gaps is not None else 0
+        drifted = self._cut_back(n_ok, batched=not exact)
+        return _Verdict(
+            new=new,
+            accepted=n_ok,
+            judged=judged,
+            margin=margin,
+            gap_rows=gap_rows,
+            near_ties=near_ties,
+            drifted=drifted,
+            logprobs=lps,
+            # the round's cost ends here, before the consumer runs: rendering 16 accepted tokens
+            # would make a 17-row batch look dearer than it is
+            seconds=time.perf_counter() - t_verify - lp_seconds,
+        )
+
+    def _cut_back(self, n_ok: int, *, batched: bool) -> int:
+        """Truncate the target cache, which holds committed[:-1] + [last] + drafts, to the new
+        committed[:-1]: committed + accepted drafts, minus one when no target token followed them.
+        Returns the tokens whose K/V a batch beyond the exact size left there (tracked under --strict)."""
+        start, keep = len(self.committed) - 1, len(self.committed) + n_ok - self.recheck
+        self.target.truncate(keep)
+        drifted = 0
+        if self.settings.strict and batched and self.margin > 0.0 and keep > start:
+            drifted = keep - start
+            self.drift_from = start if self.drift_from is None else min(self.drift_from, start)
+        if self.drift_from is not None and self.drift_from >= keep:
+            self.drift_from = None
+        return drifted
+
+    def commit(self, draft: _Draft, verdict: _Verdict) -> Generator[Token, None, tuple[int, bool]]:
+        """Commit the decided tokens one by one, yielding each (a consumer that stops mid-round has
+        what it saw committed); returns (tokens committed, whether one ended the answer)."""
+        emitted = 0
+        for i, tok in enumerate(verdict.new):
+            self.committed.append(tok)
+            self.tally.generated += 1
+            emitted += 1
+            if self.target.is_eog(tok):
+                return emitted, True
+            lp = verdict.logprobs[i] if verdict.logprobs is not None else None
+            if i < verdict.accepted:
+                assert draft.drafter is not None
+                yield Token(tok, self.detok.piece(tok), draft.drafter.source, draft.drafter.name, lp)
+            else:
+                source = _target_source(verdict.judged, verdict.accepted)
+                yield Token(tok, self.detok.piece(tok), source, None, lp)
+        return emitted, False
+
+    def repair(self) -> tuple[int, float]:
+        """A near-tie on a drifted cache (--strict): the one-token re-check would still see batched
+        K/V, so first rewrite them as one-token decoding does (exact-size batches are bit-identical
+        to it), then the next round decides this position exactly. Returns (tokens re-decoded, seconds)."""
+        if not (self.recheck and self.drift_from is not None and self.settings.strict):
+            return 0, 0.0
+        t = time.perf_counter()
+        repaired = len(self.committed) - 1 - self.drift_from
+        _repair(self.target, self.committed, self.drift_from, max(1, self.settings.exact_rows))
+        self.drift_from = None
+        return repaired, time.perf_counter() - t
+
+    def close_round(self, draft: _Draft, verdict: _Verdict, emitted: int) -> Round:
+        """Repair if needed, then record the round: in the tally, and for the planner that planned it."""
+        now = time.perf_counter()
+        repaired, repair_seconds = self.repair()
+        rnd = _record(draft, verdict, emitted, repaired, repair_seconds)
+        self.tally.decode_seconds = now + repair_seconds - self.t_decode
+        self.tally.add_round(rnd)
+        self.planner.observe(rnd, draft.plan, draft.budget)
+        return rnd
+
+    def settle(self) -> None:
+        """However the answer ended (EOG inside accepted drafts, early close, Ctrl-C mid-decode), leave
+        the target cache holding committed[:-1] at most and each draft cache a prefix of committed."""
+        keep = min(len(self.committed) - 1, common_prefix_len(self.target.tokens, self.committed))
+        if len(self.target.tokens) > keep:
+            self.target.truncate(keep)
+        for d in self.drafters:
+            d.settle(self.committed)
+
+
+def _record(draft: _Draft, verdict: _Verdict, emitted: int, repaired: int, repair_seconds: float) -> Round:
+    """The round's record, the one place a Round is built."""
+    proposal = draft.proposal
+    return Round(
+        drafter=draft.drafter.name if draft.drafter is not None else None,
+        k=draft.plan.k,
+        drafted=verdict.judged,
+        accepted=verdict.accepted,
+        emitted=emitted,
+        seconds=verdict.seconds + proposal.seconds,
+        draft_seconds=proposal.seconds,
+        recheck=verdict.recheck,
+        route=draft.route,
+        proposed=len(proposal.tokens),
+        catch_up_seconds=proposal.catch_up_seconds,
+        draft_decodes=proposal.decodes,
+        confidence=tuple(proposal.confidence[: verdict.judged]),
+        margin_rows=(verdict.judged + (not verdict.recheck)) if verdict.margin > 0.0 else 0,
+        gap_rows=verdict.gap_rows,
+        near_ties=verdict.near_ties,
+        drifted=verdict.drifted,
+        repaired=repaired,
+        repair_seconds=repair_seconds,
+    )
 
 
 def _repair(target: Model, committed: Sequence[int], start: int, rows: int) -> None:
@@ -428,7 +572,7 @@ def _logprobs(
 ) -> list[TokenLogprob]:
     """Each committed token's log-probability under the target row that decided it (never a
     draft's), as decided: processed (processors.py) and, under a constraint, masked. Row i decided
-    new[i] (see _verify)."""
+    new[i] (see verification.judge)."""
     return [token_logprob(rows[i], tok, params, n_top) for i, tok in enumerate(new)]
 
 
@@ -436,73 +580,3 @@ def _target_source(n_draft: int, n_ok: int) -> Source:
     if n_draft == 0:
         return Source.TARGET
     return Source.BONUS if n_ok == n_draft else Source.CORRECTION
-
-
-def _verify(
-    rows: np.ndarray | ProcessedRows,
-    proposal: Proposal,
-    params: SamplingParams,
-    rng: np.random.Generator,
-    n_vocab: int,
-    margin: float = 0.0,
-    gaps: list[float] | None = None,
-    walk: Walk | None = None,
-) -> tuple[list[int], int, int]:
-    """Walk the drafts against the target rows.
-
-    Returns (tokens to commit, drafts kept, drafts judged). With a greedy `margin`, a row whose top-2
-    gap is below it decides nothing: the walk stops before it, committing only the drafts accepted so
-    far (possibly nothing), and the caller re-evaluates that position one token alone. When `gaps`
-    is given (greedy), the top-2 gap of every row walked is appended to it, computed once. With a
-    `walk`, each row is decided under the constraint as left by the tokens decided before it, and
-    each decided token advances it (decoding/constraint.py).
-    """
-    out: list[int] = []
-    measure = gaps is not None or margin > 0.0
-    if walk is not None:
-        walk.start_round()
-
-    def pick(row: np.ndarray) -> tuple[int, float]:
-        if walk is not None:
-            return walk.greedy(row, margin, measure)
-        return greedy_gap(row) if measure else (greedy(row), float("inf"))
-
-    def decide(token: int) -> None:
-        out.append(token)
-        if walk is not None:
-            walk.decided(token)
-
-    for i, tok in enumerate(proposal.tokens):
-        if params.greedy:
-            best, gap = pick(rows[i])
-            if gaps is not None:
-                gaps.append(gap)
-            if gap < margin:
-                return out, i, i
-            decide(best)
-            if best != tok:
-                return out, i, i + 1
-            continue
-        p = walk.probs(rows[i], params) if walk is not None else probs(rows[i], params)
-        if proposal.q is not None:
-            q = align(proposal.q[i], n_vocab)
-        else:  # a deterministic drafter (n-gram): q is one-hot at its token
-            q = np.zeros(n_vocab)
-            if tok < n_vocab:
-                q[tok] = 1.0
-        ok, tok2 = verify(p, q, tok, rng)
-        decide(tok2)
-        if not ok:
-            return out, i, i + 1
-    n = len(proposal.tokens)
-    last = rows[n]
-    if params.greedy:
-        best, gap = pick(last)
-        if gaps is not None:
-            gaps.append(gap)
-        if gap < margin:
-            return out, n, n
-        decide(best)
-    else:
-        decide(sample(walk.probs(last, params) if walk is not None else probs(last, params), rng))
-    return out, n, n

@@ -24,6 +24,7 @@ k = 0 is plain decoding; a drafter that could not win even if always right is ne
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Protocol
 
 import numpy as np
 
@@ -31,21 +32,21 @@ from .acceptance import Acceptance, ConfidenceByDepth
 from .calibration import K_MAX, Costs, calibrate
 from .drafters import DraftBudget, Drafter
 from .events import Round, Stats
+from .loop import NO_DRAFT, FixedK, Plan, Planner
+from .model import Model
 from .settings import MAX_TOKENS
 
 EMA = 0.1  # weight of a new timing measurement
 #: prior for the share of verify rows that fall within the tie margin (re-checked one token alone),
-#: and its decay per row seen: ~30 tokens of memory, as the share swings between prose (a third to
-#: a half of the tokens of the bench's prose answers) and copied code (0-3%)
+#: and its decay per row seen: ~30 tokens of memory, as the share swings within an answer between
+#: prose (near-ties common) and copied code (almost none)
 TIE_PRIOR = (0.5, 19.5)
 TIE_DECAY = 0.97
 #: strength (in tokens) of the prior on what drifted K/V cost later (AutoPlanner.drift_cost), and
 #: the share of drifted tokens it assumes a near-tie will have re-decoded: all of them. A repair
-#: re-decodes everything since the first drifted token, and within a 200-token answer some near-tie
-#: usually follows. Under --strict on 14 prompts with the default pair, a prior of a quarter had 8
-#: answers re-decode 7-98 tokens, at 0.89-0.94x plain (one at 1.11x), and the others at 0.93-1.22x;
-#: assuming all of them keeps the CPU within the bit-exact batch: 0.92-1.30x, 1.01x or more on 13 of
-#: the 14 (a JSON answer 0.92x), geomean 1.09x against 1.00x, every output --no-draft's
+#: re-decodes everything since the first drifted token, and within a long answer some near-tie
+#: usually follows; a prior that assumed fewer let answers drift far and then pay long repairs, where
+#: assuming all keeps a CPU within the bit-exact batch from the first round
 DRIFT_PRIOR_TOKENS = 30.0
 DRIFT_PRIOR_SHARE = 1.0
 #: live rounds must have seen a batch size this often before their timing replaces calibration's
@@ -53,26 +54,23 @@ SEEN_ENOUGH = 3
 #: a draft model's drafts per round at most (AutoPlanner.plan): past the depth where a perfect draft
 #: stops paying the budget stops it, but on a flat curve that depth is 48, and the budget's price of
 #: a token (the average verify cost per row of the planned draft) undercharges the rows of a deep
-#: batch; replayed on published GPU/Metal curves, 16 gave 0.3-1.9% over 48 and 8 less,
-#: this CPU's curves unchanged (there a perfect draft stops paying before 16)
+#: batch; a lower cap cut drafts a flat curve pays for. Where batches are dear a perfect draft stops
+#: paying before this cap, which then never acts
 DEPTH_CAP = 16
 #: catching an idle draft model up is paid once and then serves every round it drafts after, so
 #: plan() spreads what it is behind (beyond what any draft round leaves: STEADY_LAG) over this share of
 #: the answer's expected remaining tokens, not over one round. Charged to one round, the catch-up
-#: grew with every n-gram round and a draft model left idle early never drafted again: on code
-#: written from scratch under a CUDA curve (0.3x draft) 3 seeds in 24 stopped drafting after two
-#: rounds, 1.02x plain against 1.37-1.44x. The whole remaining answer overstates it (n-gram
-#: copies still take rounds after, and each leaves the draft behind again): replayed, a share of 1
-#: cost 2% on copies on a flat curve with a dear draft (0.57 of a token), a quarter nothing
+#: grew with every n-gram round and a draft model left idle early never drafted again. The whole
+#: remaining answer overstates it: n-gram copies still take rounds after, and each leaves the draft
+#: behind again
 CATCH_UP_SHARE = 0.25
 #: tokens a draft model is behind after a round it drafted: the target's correction, or its own last
 #: proposal (never decoded) and the bonus token; always charged to the round (CATCH_UP_SHARE)
 STEADY_LAG = 2
 #: rows over which draft_budget reads the verify curve's slope at a draft position. Priced at the
-#: planned draft's average row, deep tokens were underpriced where the curve steepens (M2 Ultra: rows
-#: 5-16 cost 0.19 of a token each against 0.14 for the first three): replayed, 48 seeds, M2 Ultra
-#: 1.773 -> 1.781x (scratch 1.449 -> 1.464x), CUDA 0.1x 2.513 -> 2.540x, the rest level. Priced lower
-#: where the curve flattens, the F16 stand-in lost 1.2%: the floor is only ever raised
+#: planned draft's average row, deep tokens were underpriced where the curve steepens past its first
+#: few rows. The floor is only ever raised: priced below the average row where the curve flattens,
+#: drafts ran on and were slower, not faster
 FLOOR_WINDOW = 4
 #: a draft model's floor (AutoPlanner.draft_budget) at most: a draft the planner is this sure of
 #: is always worth extending once it chose to draft
@@ -159,6 +157,10 @@ class AutoPlanner:
     Live rounds refine the verify curve: a batch size seen SEEN_ENOUGH times uses its own measured
     time, and sizes not seen yet follow calibration scaled by how far the live one-token time has
     moved from it (a machine that got busier or quieter since calibration shifts the whole curve).
+
+    `model_free[i]`: drafter i runs no model (Drafter.model is None): its proposals are free, its
+    cost is never learned, and it drafts the planned k (a draft model is handed a deeper cap and
+    stops itself, by the budget).
     """
 
     def __init__(
@@ -166,6 +168,7 @@ class AutoPlanner:
         costs: Costs,
         priors: Sequence[tuple[float, float]],
         *,
+        model_free: Sequence[bool],
         k_max: int = K_MAX,
         rng: np.random.Generator | None = None,
         explore: bool = True,
@@ -174,6 +177,7 @@ class AutoPlanner:
         strict: bool = False,
     ) -> None:
         self.costs = costs
+        self.model_free = list(model_free)
         # per drafter, priors for the routes it knows something about (n-gram match lengths)
         self.route_priors = list(route_priors)
         self.calibrated = list(costs.verify)
@@ -191,13 +195,6 @@ class AutoPlanner:
         self.rng = rng if rng is not None else np.random.default_rng(0)
         self.explore = explore
         self.learn_costs = learn_costs  # off under --seed: timing noise must not change the choices
-        self.last_choice: tuple[int | None, int] = (None, 0)
-        #: tokens/second the last plan expects, and the verify curve it planned with (draft_floor)
-        self.last_speed = 0.0
-        self._last_v: list[float] = []
-        self._planned_k = 0  # the k the expected speed was computed for (last_choice may cap higher)
-        self._budget: DraftBudget | None = None  # the last draft budget handed out
-        self._last_rates: list[float] = []  # the chosen drafter's acceptance by depth, this round
         #: per drafter, acceptance by draft confidence (only drafters that report one fill theirs)
         self.confidence = [ConfidenceByDepth(start=a / (a + b)) for a, b in self.priors]
         #: tokens an answer runs (running estimate), and the count of the one under way
@@ -254,11 +251,14 @@ class AutoPlanner:
         v = self._verify_curve(self.k_max) if v is None else v
         return self._always_right_k(drafter, v) > 0
 
-    def _always_right_k(self, drafter: int, v: list[float], overhead: float = 0.0) -> int:
-        """The best k for this drafter on the curve `v` (V(1)..V(len(v))) if every draft were
-        accepted: the depth past which even a perfect draft stops paying (0: it never pays)."""
-        k, _ = best_k(
-            [1.0] * (len(v) - 1),
+    def _best_k(
+        self, drafter: int, rates: Sequence[float], v: list[float], overhead: float = 0.0
+    ) -> tuple[int, float]:
+        """best_k for drafter i on the curve `v` (V(1)..V(len(v))) at these acceptance rates, priced
+        with what the planner knows now: the drafter's cost, the share of near-ties, the exact batch
+        size and what drifted K/V cost."""
+        return best_k(
+            rates,
             v,
             self.costs.draft[drafter],
             tie=self.tie_rate,
@@ -266,7 +266,11 @@ class AutoPlanner:
             overhead=overhead,
             drift_cost=self.drift_cost,
         )
-        return k
+
+    def _always_right_k(self, drafter: int, v: list[float], overhead: float = 0.0) -> int:
+        """The best k for this drafter on the curve `v` if every draft were accepted: the depth past
+        which even a perfect draft stops paying (0: it never pays)."""
+        return self._best_k(drafter, [1.0] * (len(v) - 1), v, overhead)[0]
 
     def _catch_up_price(self, drafter: int) -> float:
         """Seconds drafter i spends catching up on one context token (0 for a model-free one)."""
@@ -283,12 +287,12 @@ class AutoPlanner:
 
         Expected saving: the answer's expected length (its limit, or less where recent answers were
         shorter) times the time per token the drafter alone saves at its learned acceptance (vs
-        plain decoding: generous to it where n-grams would have done the work anyway). On an agent's
-        2,700-token prompt with 30-90-token answers (aider, default pair, this CPU) the draft's
-        prefill cost a quarter of the wall time and earned a few seconds; a short chat prompt, or a
-        cheap draft for a dear target (a 1B draft, a 70B target), is prepared as before. A drafter
-        left behind is not chosen this answer either: plan() spreads a catch-up over the answer, and
-        this prompt was judged not worth it over the whole of it."""
+        plain decoding: generous to it where n-grams would have done the work anyway). An agent's
+        long prompt with short answers leaves a dear draft behind, as its prefill would cost more
+        than it earns; a short chat prompt, or a cheap draft for a dear target (a 1B draft, a 70B
+        target), is prepared. A drafter left behind is not chosen this answer either: plan()
+        spreads a catch-up over the answer, and this prompt was judged not worth it over the whole
+        of it."""
         if self._answer_open:
             self.answer_tokens += ANSWER_EMA * (self._generated - self.answer_tokens)
         self._answer_open, self._generated = True, 0
@@ -312,15 +316,7 @@ class AutoPlanner:
         learned = [acc for (d, _), acc in self.acc.items() if d == drafter]
         fastest = 1.0 / v[0]
         for acc in learned or [Acceptance(*self.priors[drafter])]:
-            rates = acc.rates(self.k_max, None)
-            _, speed = best_k(
-                rates,
-                v,
-                self.costs.draft[drafter],
-                tie=self.tie_rate,
-                exact_n=self.costs.exact_n,
-                drift_cost=self.drift_cost,
-            )
+            _, speed = self._best_k(drafter, acc.rates(self.k_max, None), v)
             fastest = max(fastest, speed)
         return v[0] - 1.0 / fastest
 
@@ -352,17 +348,14 @@ class AutoPlanner:
             "-k N forces drafting"
         )
 
-    def plan(
-        self, max_k: int, routes: Sequence[str | None], lags: Sequence[int] = ()
-    ) -> tuple[int | None, int]:
+    def plan(self, max_k: int, routes: Sequence[str | None], lags: Sequence[int] = ()) -> Plan:
         k_cap = min(self.k_max, max_k)
-        self.last_choice = (None, 0)
         if k_cap <= 0:
-            return self.last_choice
+            return NO_DRAFT
         full = self._verify_curve(self.k_max)  # once per round: can_pay needs it all, the choice k_cap
         v = full[: k_cap + 1]
-        best_speed = 1.0 / v[0]
-        tie = self.tie_rate
+        which, k, best_speed = None, 0, 1.0 / v[0]
+        best_rates: tuple[float, ...] = ()
         behind_prompt = {i for i, _ in self.left_behind}
         for i, route in enumerate(routes):
             if route is None or i in behind_prompt or not self.can_pay(i, full):
@@ -371,37 +364,25 @@ class AutoPlanner:
             behind = self._catch_up_cost(i, lags)
             # what it is behind even when it drafts every round
             steady = min(behind, STEADY_LAG * self._catch_up_price(i))
-            k, speed = best_k(
-                rates,
-                v,
-                self.costs.draft[i],
-                tie=tie,
-                exact_n=self.costs.exact_n,
-                overhead=steady,
-                drift_cost=self.drift_cost,
-            )
-            if k > 0 and behind > steady:
+            k_i, speed = self._best_k(i, rates, v, overhead=steady)
+            if k_i > 0 and behind > steady:
                 # the rest is paid once and serves the rounds it drafts from then on (CATCH_UP_SHARE)
                 horizon = max(1.0, CATCH_UP_SHARE * (self._expected_answer - self._generated))
                 speed = horizon / (horizon / speed + behind - steady)
-            if k > 0 and speed > best_speed:
-                self.last_choice, best_speed = (i, k), speed
-                self._last_rates = rates
-        self.last_speed, self._last_v = best_speed, v
-        which, k = self.last_choice
-        self._planned_k = k
-        if which is not None and self.costs.draft[which] > 0.0:
+            if k_i > 0 and speed > best_speed:
+                which, k, best_speed, best_rates = i, k_i, speed, tuple(rates)
+        depth = k
+        if which is not None and not self.model_free[which]:
             # A draft model stops itself where its next token stops paying (draft_budget), which its
             # confidence predicts far better than the depth does; so the planned k only chose this
-            # drafter, and the cap is the depth where even a draft always right would stop paying.
-            # (Capped at the planned k, drafts stopped before depths they would have passed, which
-            # were then never observed: 3.2 tokens a pass where a fixed -k 16 made 11.6.)
-            # At most DEPTH_CAP, though.
+            # drafter, and the cap is the depth where even a draft always right would stop paying
+            # (at most DEPTH_CAP). Capped at the planned k, drafts stopped before depths they would
+            # have passed, which were then never observed.
             perfect = self._always_right_k(which, v, overhead=self._catch_up_cost(which, lags))
-            self.last_choice = (which, max(k, min(perfect, DEPTH_CAP)))
-        return self.last_choice
+            depth = max(k, min(perfect, DEPTH_CAP))
+        return Plan(which, depth, speed=best_speed, verify=tuple(v), planned_k=k, rates=best_rates)
 
-    def draft_budget(self, drafter: int) -> DraftBudget | None:
+    def draft_budget(self, plan: Plan) -> DraftBudget | None:
         """Where a draft model should stop this round (DraftBudget). A token it has computed is
         proposed while the chance that its whole draft so far is accepted (its confidences,
         calibrated by what the verifier accepted, multiplied) is worth its verify row at the speed
@@ -410,35 +391,31 @@ class AutoPlanner:
         It looks at one more position only while that chance, times what a token there is usually
         accepted at, is worth the draft decode c as well. So a cheap draft on a flat verify curve
         runs on through a few unsure tokens (a 1B draft for a 70B target), and a dear one stops at
-        the first (the default pair on a 2-core CPU, where auto hardly drafts at all). Model-free
-        drafters (n-gram copies) have no confidence to weigh: None."""
-        which, k = self.last_choice[0], self._planned_k
-        if which != drafter or k <= 0 or not self._last_v or self.costs.draft[drafter] <= 0.0:
+        the first. Model-free drafters (n-gram copies) have no confidence to weigh: None."""
+        which, k, v = plan.drafter, plan.planned_k, plan.verify
+        if which is None or k <= 0 or not v or self.model_free[which]:
             return None
-        v, speed, c = self._last_v, self.last_speed, self.costs.draft[drafter]
+        speed, c = plan.speed, self.costs.draft[which]
         row = (v[k] - v[0]) / k  # the planned draft's average verify row
         # the first token's distribution comes with the catch-up decode the round pays anyway, so
-        # proposing it costs only its own verify row (a draft model declining it had paid that decode
-        # for nothing: 65 of 255 draft rounds on scratch code under a CUDA curve with a 0.3x draft).
-        # A position deeper in the batch can cost more than the average row (where the curve
-        # steepens: past 4 rows on the published GPU and M2 Ultra curves): it is priced at its own,
-        # the curve's slope over the FLOOR_WINDOW rows from it, never below the average
+        # proposing it costs only its own verify row (a draft model declining it had paid that
+        # decode for nothing). A position deeper in the batch can cost more than the average row
+        # (where the curve steepens): it is priced at its own, the curve's slope over the
+        # FLOOR_WINDOW rows from it, never below the average
         rows = [v[1] - v[0]]  # k > 0, so v holds V(1) and V(2) at least
         for i in range(1, len(v) - 1):
             j = min(len(v) - 1, i + FLOOR_WINDOW)
             rows.append(max(row, (v[j] - v[i]) / (j - i)))
-        self._budget = DraftBudget(
+        return DraftBudget(
             floor=min(FLOOR_MAX, speed * row),
-            chance=self.confidence[drafter].chances(self.rng if self.explore else None),
-            sure=self.confidence[drafter].chances(None),
+            chance=self.confidence[which].chances(self.rng if self.explore else None),
+            sure=self.confidence[which].chances(None),
             floors=tuple(min(FLOOR_MAX, speed * r) for r in rows),
             ahead=tuple(min(FLOOR_MAX, speed * (c + r)) for r in rows),
-            expect=tuple(self._last_rates),
+            expect=plan.rates,
         )
-        return self._budget
 
-    def observe(self, rnd: Round, drafter: int | None) -> None:
-        budget, self._budget = self._budget, None  # the budget this round drafted under, if any
+    def observe(self, rnd: Round, plan: Plan, budget: DraftBudget | None = None) -> None:
         self._generated += rnd.emitted
         proposed = rnd.drafted if rnd.proposed is None else rnd.proposed
         n = proposed + 1  # the verify batch: a rejection early in it does not make it cheaper
@@ -456,6 +433,7 @@ class AutoPlanner:
             self.ties = [self.ties[0] * keep + within, self.ties[1] * keep + outside]
         if rnd.drifted or rnd.repaired:
             self.drift = [self.drift[0] * 0.995 + rnd.repair_seconds, self.drift[1] * 0.995 + rnd.drifted]
+        drafter = plan.drafter
         if drafter is None:
             return
         full = rnd.drafted if budget is None else _full_tokens(budget, rnd.confidence[: rnd.drafted])
@@ -468,17 +446,12 @@ class AutoPlanner:
         if rnd.confidence:
             self.confidence[drafter].observe(rnd.confidence, rnd.accepted)
         drafting = rnd.draft_seconds - rnd.catch_up_seconds  # catching up is priced separately
-        # only a draft model's cost is learned: a model-free drafter's microseconds would make it
-        # look like one (cost > 0), and plan() would then extend its every draft to the depth where
-        # a perfect draft stops paying, as it does for a draft model that stops itself (on a chat
-        # revision, default pair, this CPU: n-gram rounds of 14-15 drafts breaking after 0-2
-        # tokens, 0.85x plain; 1.22x and 0.99x in two in-process runs once fixed)
-        # per one-token decode: the first token's distribution came with the catch-up, so dividing by
-        # the tokens proposed read a step as a fraction of its cost (an MTP head's 28 ms step was
-        # learned as 6.6 ms within one answer of mostly one-token drafts, and looked worth taking
-        # deep: 0.94x a fixed -k 1)
+        # only a draft model's cost is learned: a model-free drafter's proposals stay free (its
+        # microseconds are bookkeeping, not a draft decode). It is learned per one-token decode: the
+        # first token's distribution came with the catch-up, so dividing by the tokens proposed
+        # would read a step as a fraction of its cost, and deep drafts would look cheap
         steps = proposed if rnd.draft_decodes is None else rnd.draft_decodes
-        if self.learn_costs and steps > 0 and drafting > 0 and self.costs.draft[drafter] > 0.0:
+        if self.learn_costs and steps > 0 and drafting > 0 and not self.model_free[drafter]:
             per = drafting / steps
             self.costs.draft[drafter] += EMA * (per - self.costs.draft[drafter])
 
@@ -494,36 +467,54 @@ def _full_tokens(budget: DraftBudget, confidence: Sequence[float]) -> int:
     return len(confidence)
 
 
-def make_planner(loaded: object, k: int | None, *, seed: int | None = None):  # type: ignore[no-untyped-def]
+class LoadedModels(Protocol):
+    """What make_planner reads of the models a run loaded (models.loader.Loaded, the bench's pair)."""
+
+    @property
+    def target(self) -> Model: ...
+
+    @property
+    def drafters(self) -> Sequence[Drafter]: ...
+
+    @property
+    def backend(self) -> str:
+        """llama.cpp's system info and build ("" when unknown): keys the calibration cache."""
+        ...
+
+    @property
+    def verified_rows(self) -> int:
+        """What the build's invariance probe showed exact (calibration.exact_rows)."""
+        ...
+
+    @property
+    def strict(self) -> bool: ...
+
+
+def make_planner(loaded: LoadedModels, k: int | None, *, seed: int | None = None) -> FixedK | AutoPlanner:
     """FixedK for `-k N`, the cost-model AutoPlanner for `-k auto`.
 
     With a seed, the planner's choices must not depend on timing (they decide how the sampler's random
     stream is consumed), so costs stay at their cached calibration and exploration uses the seed.
-    `loaded.backend` (the engine's system info and build, when it has one) keys the calibration
-    cache; `loaded.verified_rows` is what the build's invariance probe showed (calibration.exact_rows).
-    """
-    from .loop import FixedK
-
-    drafters: Sequence[Drafter] = getattr(loaded, "drafters", [])
+    What each drafter declares (Drafter: its model, None for a model-free one, and its priors) is
+    all the planner knows of it."""
+    drafters = loaded.drafters
     if k is not None or not drafters:
         return FixedK(k if k is not None else 0)
-    models = [d.model for d in drafters]  # None: model-free (its proposals cost the planner nothing)
     costs = calibrate(
-        loaded.target,  # type: ignore[attr-defined]
-        models,
-        backend=str(getattr(loaded, "backend", "")),
-        verified=int(getattr(loaded, "verified_rows", 0)),
+        loaded.target,
+        [d.model for d in drafters],
+        backend=loaded.backend,
+        verified=loaded.verified_rows,
         repeatable=seed is not None,
     )
-    priors = [d.prior for d in drafters]
-    route_priors = [d.route_priors for d in drafters]
     return AutoPlanner(
         costs,
-        priors,
+        [d.prior for d in drafters],
+        model_free=[d.model is None for d in drafters],
         rng=np.random.default_rng(seed),
         learn_costs=seed is None,
-        route_priors=route_priors,
-        strict=bool(getattr(loaded, "strict", False)),
+        route_priors=[d.route_priors for d in drafters],
+        strict=loaded.strict,
     )
 
 
@@ -546,12 +537,12 @@ def acceptance_advice(
     return None
 
 
-def calibration_report(planner: object) -> list[str]:
+def calibration_report(planner: Planner) -> list[str]:
     """What `--verbose` says about the cost model: what calibration had to do, and the verify curve
     it plans with (as multiples of one token), so a user can see why auto drafts as far as it does."""
-    costs = getattr(planner, "costs", None)
-    if not isinstance(costs, Costs):
+    if not isinstance(planner, AutoPlanner):
         return []
+    costs = planner.costs
     v1 = costs.v(1)
     sizes = [n for n in (2, 3, 4, 8, 16, 32, 49) if n <= len(costs.verify)]
     curve = ", ".join(f"V({n}) {costs.v(n) / v1:.2f}x" for n in sizes)
@@ -559,7 +550,7 @@ def calibration_report(planner: object) -> list[str]:
         *costs.notes,
         f"cost model: V(1) {v1 * 1000:.1f} ms, {curve}; bit-exact up to {costs.exact_n} rows",
     ]
-    drafts = [f"{c / v1:.2f}x" for c in costs.draft if c > 0]
+    drafts = [f"{c / v1:.2f}x" for c, free in zip(costs.draft, planner.model_free, strict=True) if not free]
     if drafts:
         lines.append(f"cost model: a draft-model token costs {', '.join(drafts)} of a target token")
     return lines

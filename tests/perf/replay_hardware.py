@@ -88,7 +88,7 @@ class Replayer:
         # cheaper than they are, which matters where a token takes a few ms (a GPU)
         costs = Costs(billed(curve.verify), [curve.draft, 0.0],
                       exact_n=self.exact_n, catch_up=[curve.catch_up, 0.0])  # fmt: skip
-        planner = AutoPlanner(costs, [ModelDrafter.prior, NgramDrafter.prior],
+        planner = AutoPlanner(costs, [ModelDrafter.prior, NgramDrafter.prior], model_free=[False, True],
                               route_priors=[ModelDrafter.route_priors, NGRAM_ROUTE_PRIORS],
                               rng=np.random.default_rng(seed), learn_costs=False)  # fmt: skip
         if tune is not None:

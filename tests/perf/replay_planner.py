@@ -361,8 +361,8 @@ def report(
         bill = billed(curve)  # what each round costs here, and what a live planner measures it at
         d = registry.make(drafter)  # fresh per answer, as the bench resets drafters
         planner = AutoPlanner(
-            Costs(bill, [0.0], exact_n=exact_n), [d.prior], route_priors=[d.route_priors],
-            rng=np.random.default_rng(seed), learn_costs=False,
+            Costs(bill, [0.0], exact_n=exact_n), [d.prior], model_free=[d.model is None],
+            route_priors=[d.route_priors], rng=np.random.default_rng(seed), learn_costs=False,
         )  # fmt: skip
         spent, made = 0.0, 0
         settings = Settings(max_tokens=len(o), tie_margin=margin, exact_rows=exact_n)
