@@ -60,6 +60,10 @@ class LoadOptions:
     #: load the GGUF's multi-token-prediction (NextN) layers too, for an MTP drafter (llama/mtp.py);
     #: they are not part of the target's own forward pass, so its output is the same either way
     load_mtp: bool = False
+    #: the ggml devices (handles) `gpu_layers` are offloaded to, llama.cpp's model param `devices`: a
+    #: target split over RPC workers names theirs here (llama/rpc.py). None: llama.cpp's default
+    #: list, this machine's own GPUs (workers are never in it, so drafts and heads stay local)
+    devices: tuple[int, ...] | None = None
 
 
 #: ggml_type value (ggml.h) for LoadOptions.type_v
@@ -90,17 +94,28 @@ class SavedState:
 
 
 def load_model_file(
-    path: Path, gpu_layers: int, *, verbose: bool, repack: bool = True, load_mtp: bool = False
+    path: Path,
+    gpu_layers: int,
+    *,
+    verbose: bool,
+    repack: bool = True,
+    load_mtp: bool = False,
+    devices: tuple[int, ...] | None = None,
 ) -> object | None:
-    """A GGUF loaded by llama.cpp with `gpu_layers` offloaded (negative: all), repacked weights
-    (`repack`, where the build has them) and its NextN layers (`load_mtp`): a target, or a drafter's
-    own file loaded with its target's offload so both sit on the same device. None where llama.cpp
-    cannot load it; the caller says what the file was meant to be."""
+    """A GGUF loaded by llama.cpp with `gpu_layers` offloaded (negative: all) to `devices` (None:
+    llama.cpp's default list), repacked weights (`repack`, where the build has them) and its NextN
+    layers (`load_mtp`): a target, or a drafter's own file loaded with its target's offload so both
+    sit on the same device. None where llama.cpp cannot load it; the caller says what the file was
+    meant to be."""
     mparams = llama_cpp.llama_model_default_params()
     mparams.n_gpu_layers = 2**31 - 1 if gpu_layers < 0 else gpu_layers
     if hasattr(mparams, "use_extra_bufts"):
         mparams.use_extra_bufts = repack
     mparams.load_mtp = load_mtp
+    # a NULL-terminated array of device handles; llama.cpp copies the list while it loads
+    listed = (ctypes.c_void_p * (len(devices) + 1))(*devices, None) if devices is not None else None
+    if listed is not None:
+        mparams.devices = ctypes.cast(listed, ctypes.c_void_p).value
     with quiet_stderr(not verbose):
         return llama_cpp.llama_model_load_from_file(str(path).encode(), mparams) or None
 
@@ -124,7 +139,12 @@ class LlamaModel(VocabQueries):
         self.repack = opts.repack
         self.type_v = opts.type_v
         model = load_model_file(
-            self.path, gpu_layers, verbose=opts.verbose, repack=opts.repack, load_mtp=opts.load_mtp
+            self.path,
+            gpu_layers,
+            verbose=opts.verbose,
+            repack=opts.repack,
+            load_mtp=opts.load_mtp,
+            devices=opts.devices,
         )
         if model is None:
             raise ModelFileError(
