@@ -8,12 +8,10 @@ installed llama-cpp-python has no RPC backend (a stock wheel; `make install` bui
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,66 +19,24 @@ import pytest
 from typer.testing import CliRunner
 
 from specchat.cli import app
-from specchat.errors import WorkerError
-from specchat.llama.rpc_wire import Endpoint, probe
+from specchat.llama.rpc_wire import Endpoint
+
+from .rpc_workers import NO_RPC, child_env, free_port, rpc_build, started_worker
 
 runner = CliRunner()
-
-
-def _rpc_build() -> bool:
-    from specchat.llama.rpc import rpc_supported
-
-    return rpc_supported()
-
-
-NO_RPC = "this llama-cpp-python has no RPC backend (`make install` builds it with GGML_RPC=ON)"
-needs_rpc = pytest.mark.skipif(not _rpc_build(), reason=NO_RPC)
-
-
-def _free_port() -> int:
-    with socket.create_server(("127.0.0.1", 0)) as s:
-        return s.getsockname()[1]
-
-
-def _env() -> dict[str, str]:
-    """The test's private homes (conftest) for the children too, and no colour."""
-    return {**os.environ, "NO_COLOR": "1"}
+needs_rpc = pytest.mark.skipif(not rpc_build(), reason=NO_RPC)
 
 
 @pytest.fixture
 def worker() -> Iterator[tuple[Endpoint, subprocess.Popen[str]]]:
-    """`specchat worker` on a free port of 127.0.0.1, answering the probe; stopped with Ctrl-C."""
-    port = _free_port()
-    argv = [sys.executable, "-m", "specchat", "worker", "--port", str(port), "--threads", "1"]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env())
-    endpoint = Endpoint("127.0.0.1", port)
-    deadline = time.monotonic() + 60
-    try:
-        while True:
-            if proc.poll() is not None:
-                said = proc.stdout.read() if proc.stdout else ""
-                pytest.fail(f"the worker exited {proc.returncode}: {said}")
-            try:
-                probe(endpoint, timeout=5)
-                break
-            except WorkerError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.2)
-        yield endpoint, proc
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+    """`specchat worker` on a free port of 127.0.0.1 (rpc_workers.py)."""
+    with started_worker() as started:
+        yield started
 
 
 def run_json(*args: str) -> dict:
     argv = [sys.executable, "-m", "specchat", "run", *args, "--json", "--threads", "1", "--ctx-size", "256"]
-    res = subprocess.run(argv, capture_output=True, text=True, env=_env(), timeout=300)
+    res = subprocess.run(argv, capture_output=True, text=True, env=child_env(), timeout=300)
     assert res.returncode == 0, res.stderr
     return json.loads(res.stdout)
 
@@ -111,7 +67,7 @@ def test_the_split_is_said_in_one_line_and_the_worker_says_what_it_serves(tiny_t
     endpoint, proc = worker
     argv = [sys.executable, "-m", "specchat", "run", str(tiny_target), "--no-draft", "-p", "hi", "-n", "4"]
     argv += ["--threads", "1", "--ctx-size", "256", "--rpc", str(endpoint)]
-    res = subprocess.run(argv, capture_output=True, text=True, env=_env(), timeout=300)
+    res = subprocess.run(argv, capture_output=True, text=True, env=child_env(), timeout=300)
     assert res.returncode == 0, res.stderr
     assert f"target split: layers 0-0 on this machine, layers 1-1 and the output on {endpoint}" in res.stderr
     proc.send_signal(signal.SIGINT)
@@ -122,13 +78,13 @@ def test_the_split_is_said_in_one_line_and_the_worker_says_what_it_serves(tiny_t
 
 
 def test_an_unreachable_worker_is_one_line_before_anything_loads(tiny_target: Path):
-    port = _free_port()  # nothing listens there
+    port = free_port()  # nothing listens there
     argv = ["run", str(tiny_target), "--no-draft", "-p", "hi", "--rpc", f"127.0.0.1:{port}"]
     res = runner.invoke(app, argv)
     assert res.exit_code != 0
     lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and "Traceback" not in res.output
-    wanted = f"127.0.0.1:{port} cannot be reached" if _rpc_build() else "without"
+    wanted = f"127.0.0.1:{port} cannot be reached" if rpc_build() else "without"
     assert wanted in lines[0] and "loading" not in res.stderr
 
 
@@ -172,7 +128,7 @@ def test_serve_answers_through_the_split_as_the_unsplit_target(tiny_pair: tuple[
         plain = httpx.post(url + "/completions", json=body, timeout=120).json()["choices"][0]["text"]
     cmd = [sys.executable, "-m", "specchat", "serve", str(target), "--draft", str(draft), "--draft", "ngram"]
     cmd += ["--rpc", str(endpoint), "--port", "0", "--threads", "1", "--ctx-size", "512"]
-    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=_env())
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=child_env())
     try:
         assert proc.stderr is not None
         seen = []

@@ -26,7 +26,7 @@ import ctypes
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..errors import BadInput
+from ..errors import BadInput, WorkerError
 from .devices import ggml_lib
 from .lib import llama_cpp
 from .rpc_wire import Endpoint, WorkerInfo
@@ -107,9 +107,32 @@ def worker_devices(lib: ctypes.CDLL, endpoint: Endpoint) -> tuple[int, ...]:
     get.restype, get.argtypes = ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_size_t]
     llama_cpp.llama_backend_init()
     reg = add(str(endpoint).encode())
-    if not reg:
-        raise BadInput(f"the RPC worker {endpoint} offers no device", "start it with a --device it has")
+    if not reg:  # no device, or (with patch 0006) it stopped answering since the probe
+        raise WorkerError(
+            f"the RPC worker {endpoint} offers no device, or stopped answering since it was asked",
+            "check that `specchat worker` still runs there",
+        )
     return tuple(int(get(reg, i)) for i in range(int(count(reg))))
+
+
+def failed_worker(lib: ctypes.CDLL | None, endpoints: Sequence[str]) -> str | None:
+    """The first of `endpoints` whose connection failed while in use (it died, or the link dropped),
+    by ggml_backend_rpc_failed (patch 0006 in patches/llama.cpp); None while they all answer, and
+    always on a build without that patch (where such a failure aborts the process instead)."""
+    fn = getattr(lib, "ggml_backend_rpc_failed", None) if lib is not None else None
+    if fn is None:
+        return None
+    fn.restype, fn.argtypes = ctypes.c_bool, [ctypes.c_char_p]
+    return next((e for e in endpoints if fn(e.encode())), None)
+
+
+def worker_lost(endpoint: str) -> WorkerError:
+    """The one line for a worker that stopped answering while the target was using it."""
+    return WorkerError(
+        f"the RPC worker {endpoint} stopped answering (it died, or the link to it dropped)",
+        f"restart it (`specchat worker --port {endpoint.rsplit(':', 1)[-1]}` there) and run again: the "
+        "target's layers on it were lost with it",
+    )
 
 
 def local_gpu_devices(lib: ctypes.CDLL) -> tuple[int, ...]:

@@ -261,6 +261,7 @@ def load(
             n_ctx=cfg.ctx_size,
             gpu_layers=split.gpu_layers if split is not None else cfg.gpu_layers,
             devices=split.devices if split is not None else None,
+            workers=tuple(str(w.endpoint) for w in workers),
             threads=cfg.threads,
             verbose=cfg.verbose,
             # One target, one output: the target loads the same with or without drafters, so
