@@ -69,7 +69,7 @@ def test_the_split_is_said_in_one_line_and_the_worker_says_what_it_serves(tiny_t
     argv += ["--threads", "1", "--ctx-size", "256", "--rpc", str(endpoint)]
     res = subprocess.run(argv, capture_output=True, text=True, env=child_env(), timeout=300)
     assert res.returncode == 0, res.stderr
-    assert f"target split: layers 0-0 on this machine, layers 1-1 and the output on {endpoint}" in res.stderr
+    assert f"target split: layer 0 on this machine, layer 1 and the output on {endpoint}" in res.stderr
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=20)
     assert proc.returncode == 0
@@ -147,3 +147,30 @@ def test_serve_answers_through_the_split_as_the_unsplit_target(tiny_pair: tuple[
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def _memory_cap() -> bool:
+    from specchat.llama.devices import ggml_lib
+
+    return rpc_build() and hasattr(ggml_lib(), "ggml_backend_rpc_set_server_memory_limit")
+
+
+@pytest.mark.skipif(not _memory_cap(), reason="this build's ggml-rpc has no memory cap (patch 0007)")
+def test_a_worker_lends_the_memory_given_and_the_split_follows_it(tiny_models_dir: Path):
+    from specchat.llama.rpc_wire import probe
+
+    from .tiny_models import write_tiny_llama
+
+    target = write_tiny_llama(tiny_models_dir / "mem-target.gguf", seed=11, n_layer=4)
+    with started_worker("--mem", "1") as (endpoint, proc):
+        info = probe(endpoint)
+        assert info.memory == ((1 << 20, 1 << 20),)  # 1 MiB lent: next to this machine's RAM, nothing
+        argv = [sys.executable, "-m", "specchat", "run", str(target), "--no-draft", "-p", "hi", "-n", "4"]
+        argv += ["--threads", "1", "--ctx-size", "256", "--rpc", str(endpoint)]
+        res = subprocess.run(argv, capture_output=True, text=True, env=child_env(), timeout=300)
+        assert res.returncode == 0, res.stderr
+        # this machine keeps every layer it may: all but the one the workers always get
+        assert f"layers 0-2 on this machine, layer 3 and the output on {endpoint}" in res.stderr
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=20)
+    assert "1 MiB free of 1 MiB" in out

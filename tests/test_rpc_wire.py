@@ -161,7 +161,7 @@ def test_a_cpu_machine_keeps_its_memorys_share_of_the_layers_and_the_workers_the
     one = [_info(1, 16 * GIB)]
     assert plan(2, one, local_free=16 * GIB) == (
         2,
-        "layers 0-0 on this machine, layers 1-1 and the output on 127.0.0.1:1",
+        "layer 0 on this machine, layer 1 and the output on 127.0.0.1:1",
     )
     assert plan(80, one, local_free=48 * GIB)[0] == 81 - 60  # 3/4 of the memory: 60 layers stay here
     # always at least one layer on the workers, and at most all of them

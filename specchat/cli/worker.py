@@ -43,6 +43,14 @@ def worker(
             "with commas. Default: every GPU, else the CPU.",
         ),
     ] = None,
+    mem: Annotated[
+        int | None,
+        typer.Option(
+            "--mem",
+            help="MiB of memory to lend per device: what the worker reports, and what the other "
+            "machine places layers by (default: what the device reports; a CPU reports all its RAM).",
+        ),
+    ] = None,
     threads: Annotated[
         int | None, typer.Option("--threads", "-t", help="CPU threads (default: physical cores).")
     ] = None,
@@ -65,9 +73,10 @@ def worker(
 
     check_range("--port", port, 1, 65535)
     check_range("--threads", threads, 1)
+    check_range("--mem", mem, 1)
     names = [n.strip() for given in device or () for n in given.split(",") if n.strip()]
     endpoint = Endpoint(host, port)
-    devices = rpc_worker.choose_devices(names)
+    devices = rpc_worker.limit_memory(rpc_worker.choose_devices(names), mem)
     rpc_worker.check_address(endpoint)
     out, err = out_console(), err_console()
     if not rpc_worker.is_loopback(host):

@@ -92,9 +92,13 @@ def plan(
     elif offloaded == 0:
         where = f"every layer on this machine, none on {names}"
     else:
-        remote = f"layers {kept}-{n_layer - 1} and the output" if kept < n_layer else "the output layer"
-        where = (f"layers 0-{kept - 1} on this machine, " if kept else "") + f"{remote} on {names}"
+        remote = f"{_layers(kept, n_layer - 1)} and the output" if kept < n_layer else "the output layer"
+        where = (f"{_layers(0, kept - 1)} on this machine, " if kept else "") + f"{remote} on {names}"
     return offloaded, where
+
+
+def _layers(first: int, last: int) -> str:
+    return f"layer {first}" if first == last else f"layers {first}-{last}"
 
 
 def worker_devices(lib: ctypes.CDLL, endpoint: Endpoint) -> tuple[int, ...]:

@@ -117,6 +117,29 @@ def is_loopback(host: str) -> bool:
     return host in ("127.0.0.1", "localhost") or host.startswith("127.")
 
 
+def limit_memory(devices: Sequence[WorkerDevice], mib: int | None) -> list[WorkerDevice]:
+    """Cap the memory the server will report for each device at `mib` MiB (`--mem`): the figure a
+    client places layers by (a CPU reports all of its RAM as free). Through
+    ggml_backend_rpc_set_server_memory_limit (patch 0007 in patches/llama.cpp); one line on a build
+    without it. Returns the devices as the server will report them."""
+    if mib is None:
+        return list(devices)
+    lib = require_rpc("specchat worker --mem")
+    fn = getattr(lib, "ggml_backend_rpc_set_server_memory_limit", None)
+    if fn is None:
+        raise BadInput(
+            "--mem needs specchat's patch 0007 in the llama.cpp build, which this one lacks",
+            "`make install` rebuilds it with the checkout's patch queue",
+        )
+    fn.restype, fn.argtypes = None, [ctypes.c_size_t]
+    limit = mib << 20
+    fn(limit)
+    return [
+        WorkerDevice(d.handle, d.name, d.description, min(d.free_bytes, limit), min(d.total_bytes, limit))
+        for d in devices
+    ]
+
+
 def start(endpoint: Endpoint, devices: Sequence[WorkerDevice], threads: int) -> threading.Thread:
     """Start serving `devices` on `endpoint` on a daemon thread (the call blocks for as long as it
     serves; ctypes releases the GIL meanwhile). The thread ends only if the server could not start."""
