@@ -174,6 +174,7 @@ def load(
     force: bool = False,
     strict: bool = False,
     verbose: bool = False,
+    rpc: str | Sequence[str] | None = None,
     chat_template_kwargs: Mapping[str, Any] | None = None,
     **sampling: Any,
 ) -> LoadedModel:
@@ -189,6 +190,8 @@ def load(
     options; `**sampling` the sampling settings' defaults for every answer.
     What `run` would print as a warning (a stock llama.cpp build rather than specchat's patched one,
     a draft of another family, ...) is a `warnings.warn` here, and stays in `LoadedModel.warnings`.
+    `rpc`: llama.cpp RPC workers (`"HOST:PORT"`, a comma-separated string or a list of them) to split
+    the target's layers over, as `run --rpc`; the drafters stay on this machine.
     """
     from .decoding.drafters import default_p_min
     from .models import loader
@@ -205,6 +208,7 @@ def load(
     variables = _template_vars(chat_template_kwargs)
     for name, flag in (("offline", offline), ("force", force), ("strict", strict), ("verbose", verbose)):
         _flag(name, flag)
+    workers = _endpoints(rpc)
     drafts = loader.default_drafts(target) if specs is None else specs
     cfg = loader.LoadConfig(
         target=target,
@@ -218,6 +222,7 @@ def load(
         force=force,
         strict=strict,
         verbose=verbose,
+        rpc=workers,
     )
     loaded = loader.load(cfg)
     for line in loaded.warnings:  # what `run` prints before answering: a stock llama.cpp build, ...
@@ -403,6 +408,25 @@ def _model_ref(name: str, value: object) -> str:
         f"{name} must be a model: an alias, a .gguf path, hf:ORG/REPO/FILE.gguf or ORG/REPO:QUANT "
         f"(got {shown(value)})"
     )
+
+
+def _endpoints(rpc: object) -> tuple[str, ...]:
+    """`load`'s `rpc` as the loader's tuple of `HOST:PORT` workers: None, one comma-separated string or
+    a sequence of them; a bad one is a ValueError naming it (llama.cpp would abort on it)."""
+    from .errors import BadInput
+    from .llama.rpc_wire import parse_endpoints  # standard library only
+
+    if rpc is None:
+        return ()
+    items = [rpc] if isinstance(rpc, str) else rpc
+    if not isinstance(items, Sequence) or not items or not all(isinstance(i, str) for i in items):
+        raise ValueError(
+            f"rpc must be 'HOST:PORT', several of them (a list or comma-separated) or None (got {shown(rpc)})"
+        )
+    try:
+        return tuple(str(e) for e in parse_endpoints(",".join(items)))
+    except BadInput as exc:
+        raise ValueError(f"rpc: {exc.message}") from None
 
 
 def _specs(draft: object) -> tuple[str, ...]:

@@ -56,3 +56,7 @@ class NotEnoughMemory(SpecchatError):
 
 class EngineError(SpecchatError):
     """llama.cpp reported a failure (decode error, allocation failure)."""
+
+
+class WorkerError(SpecchatError):
+    """An RPC worker (`--rpc`) that cannot be reached, refuses the handshake or speaks another version."""

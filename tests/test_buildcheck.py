@@ -162,6 +162,32 @@ def test_the_first_patched_build_on_an_amx_cpu_names_its_flags_and_leaves_amx_ou
     assert build.first_build_args("-DGGML_AMX_INT8=ON", cpuinfo=CPUINFO_AMX, x86=True) == "-DGGML_AMX_INT8=ON"
 
 
+def test_every_patched_build_has_the_rpc_backend_unless_the_user_says_otherwise():
+    # `specchat worker` and `--rpc` need ggml-rpc from the same patched build, on every platform
+    assert build.with_rpc("") == "-DGGML_RPC=ON"
+    assert build.with_rpc("-DGGML_CUDA=on") == "-DGGML_CUDA=on -DGGML_RPC=ON"
+    assert build.with_rpc("-DGGML_RPC=OFF") == "-DGGML_RPC=OFF"
+    assert build.with_rpc("-DGGML_RPC:BOOL=ON -DGGML_CUDA=on") == "-DGGML_RPC:BOOL=ON -DGGML_CUDA=on"
+    first = build.build_args("-DGGML_CUDA=on")
+    assert first.split()[-1] == "-DGGML_RPC=ON" and "-DGGML_CUDA=on" in first.split()
+    # the self-check's rebuild of a patched build goes through `build install --force`, which adds RPC
+    # to its CMAKE_ARGS the same way: the same flags as the first build, so the same wheel-cache key
+    _, env = buildcheck.rebuild_command("0.3.36+specchat.a", cpuinfo=CPUINFO_AMX, cmake_args="-DGGML_CUDA=on")
+    amx_first = build.with_rpc(build.first_build_args("-DGGML_CUDA=on", cpuinfo=CPUINFO_AMX, x86=True))
+    assert build.build_args(env["CMAKE_ARGS"]) == amx_first
+
+
+def test_a_cached_wheel_built_without_rpc_is_never_handed_to_a_build_with_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECCHAT_BUILD_CACHE", str(tmp_path))
+    patches: list = []
+    old_key = build.build_key("0.3.36", patches, "", cpu="avx2")
+    (tmp_path / "wheels" / old_key).mkdir(parents=True)
+    (tmp_path / "wheels" / old_key / "llama_cpp_python-0.3.36+specchat.x-cp311-linux.whl").write_text("w")
+    new_key = build.build_key("0.3.36", patches, build.with_rpc(""), cpu="avx2")
+    assert new_key != old_key
+    assert build.cached_wheel(old_key) is not None and build.cached_wheel(new_key) is None
+
+
 # --- the install decision ---------------------------------------------------------------------------------
 
 

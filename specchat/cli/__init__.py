@@ -17,7 +17,7 @@ from typing import Annotated
 import typer
 
 from .. import __version__
-from . import bench, chat, doctor, models, run, serve
+from . import bench, chat, doctor, models, run, serve, worker
 
 app = typer.Typer(
     name="specchat",
@@ -56,7 +56,7 @@ def _options(
 def _register_commands(app: typer.Typer) -> None:
     """Each command lives in its own module and depends only on shared ones (options, common, ...),
     never on this module or on another command's: this module imports them, nothing imports it."""
-    for module in (run, models, doctor, chat, bench, serve):
+    for module in (run, models, doctor, chat, bench, serve, worker):
         module.register(app)
 
 

@@ -35,6 +35,7 @@ from .options import (
     OfflineOpt,
     Options,
     PMinOpt,
+    RpcOpt,
     StrictOpt,
     TargetArg,
     ThreadsOpt,
@@ -127,6 +128,7 @@ def bench(
     ctx_size: CtxOpt = CTX_SIZE,
     gpu_layers: GpuOpt = None,
     draft_gpu_layers: DraftGpuOpt = None,
+    rpc: RpcOpt = None,
     threads: ThreadsOpt = None,
     no_audit: Annotated[
         bool, typer.Option("--no-audit", help="Skip the exactness audit (saves one decode per output token).")
@@ -154,7 +156,7 @@ def bench(
     # the bench is greedy: the sampling options keep their defaults
     opts = Options(
         target, drafts=tuple(draft or ()), p_min=p_min, max_tokens=max_tokens, ctx_size=ctx_size,
-        gpu_layers=gpu_layers, draft_gpu_layers=draft_gpu_layers, threads=threads, offline=offline,
+        gpu_layers=gpu_layers, draft_gpu_layers=draft_gpu_layers, rpc=rpc, threads=threads, offline=offline,
         force=force, strict=strict, verbose=verbose,
     )  # fmt: skip
     check_range("--repeats", repeats, 1, 100)

@@ -21,6 +21,7 @@ from .options import (
     OfflineOpt,
     Options,
     PMinOpt,
+    RpcOpt,
     SeedOpt,
     StrictOpt,
     SystemOpt,
@@ -56,6 +57,7 @@ def chat(
     ctx_size: CtxOpt = CTX_SIZE,
     gpu_layers: GpuOpt = None,
     draft_gpu_layers: DraftGpuOpt = None,
+    rpc: RpcOpt = None,
     threads: ThreadsOpt = None,
     system: SystemOpt = None,
     chat_template_kwargs: TemplateKwargsOpt = None,
@@ -84,8 +86,8 @@ def chat(
     opts = Options(
         target, drafts=tuple(draft or ()), no_draft=no_draft, k=parse_k(k), p_min=p_min, params=sampling,
         seed=seed, max_tokens=max_tokens, ctx_size=ctx_size, gpu_layers=gpu_layers,
-        draft_gpu_layers=draft_gpu_layers, threads=threads, system=system, offline=offline, force=force,
-        strict=strict, verbose=verbose,
+        draft_gpu_layers=draft_gpu_layers, rpc=rpc, threads=threads, system=system, offline=offline,
+        force=force, strict=strict, verbose=verbose,
         template_kwargs=parse_template_kwargs(chat_template_kwargs, chat_template_kwarg),
     )  # fmt: skip
     start_chat(opts, no_color=no_color)

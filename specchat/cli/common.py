@@ -123,7 +123,11 @@ def load_models(cfg: LoadConfig, err: Console, *, quiet: bool = False) -> Loaded
     if quiet:
         return loader.load(cfg, console=err)
     with err.status("loading models…") as status:
-        return loader.load(cfg, note=status.update, console=err)
+        loaded = loader.load(cfg, note=status.update, console=err)
+    placement = getattr(loaded, "placement", "")  # (a test's stand-in may not say)
+    if placement:  # a target split over RPC workers: which machine holds which layers
+        err.print(f"[dim]target split: {escape(placement)}[/]", soft_wrap=True)
+    return loaded
 
 
 def check_vocab(params: SamplingParams, n_vocab: int) -> None:

@@ -206,6 +206,8 @@ def llama_cpp_facts() -> dict[str, Any]:
         "cpu_simd": simd,
         "cpu_build_flags": flags,
         "mmap": info.get("mmap"),
+        # llama.cpp's RPC backend, for `specchat worker` and `--rpc` (make install builds it in)
+        "rpc": _has_rpc(),
         "system_info": system_info,
         # what the fit check plans with: each device and its memory, as llama.cpp reports it
         "devices": [
@@ -219,6 +221,12 @@ def llama_cpp_facts() -> dict[str, Any]:
             for d in devices.device_memory()
         ],
     }
+
+
+def _has_rpc() -> bool:
+    from specchat.llama.rpc import rpc_supported
+
+    return rpc_supported()
 
 
 def build_check_facts() -> dict[str, Any]:

@@ -118,6 +118,8 @@ def _build_facts_table(b: dict[str, Any]) -> Table:
             f"{_size(d['total_bytes'])}",
         )
     t.add_row("mmap", "yes" if b["mmap"] else "no")
+    if "rpc" in b:
+        t.add_row("RPC (worker, --rpc)", "yes" if b["rpc"] else "[yellow]no: make install builds it in[/]")
     t.add_row("system info", _cell(b["system_info"]))
     return t
 

@@ -92,6 +92,16 @@ GpuOpt = Annotated[
 DraftGpuOpt = Annotated[
     int | None, typer.Option("--draft-gpu-layers", help="Draft layers to offload (default: as --gpu-layers).")
 ]
+RpcOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--rpc",
+        metavar="HOST:PORT[,...]",
+        help="Split the target's layers over this machine and these llama.cpp RPC workers "
+        "(`specchat worker` on each), by free memory; the draft models and heads stay here. "
+        "With --gpu-layers N, N layers (from the last, the output counted as one) go to the workers.",
+    ),
+]
 ThreadsOpt = Annotated[
     int | None, typer.Option("--threads", "-t", help="CPU threads (default: physical cores).")
 ]
@@ -279,6 +289,8 @@ class Options:
     strict: bool = False
     #: the chat template's extra variables (parse_template_kwargs)
     template_kwargs: dict[str, Any] = field(default_factory=dict)
+    #: --rpc as given (HOST:PORT[,...]); checked when built, probed when the models load
+    rpc: str | None = None
 
     def __post_init__(self) -> None:
         """Check every number before anything slow happens, with the option's name in the message
@@ -291,6 +303,10 @@ class Options:
         for spec in self.drafts:
             if is_model_free(spec) and ":" in spec:
                 make(spec)  # its options, checked now: a typo is one line before anything loads
+        if self.rpc is not None:
+            from ..llama.rpc_wire import parse_endpoints  # standard library only
+
+            parse_endpoints(self.rpc)
 
     @property
     def draft_p_min(self) -> float:
@@ -335,4 +351,5 @@ class Options:
             force=self.force,
             strict=self.strict,
             verbose=self.verbose,
+            rpc=(self.rpc,) if self.rpc else (),
         )

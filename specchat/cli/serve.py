@@ -37,6 +37,7 @@ from .options import (
     OfflineOpt,
     Options,
     PMinOpt,
+    RpcOpt,
     SeedOpt,
     ServeTemplateKwargsOpt,
     StrictOpt,
@@ -87,6 +88,7 @@ def serve(
     ctx_size: CtxOpt = CTX_SIZE,
     gpu_layers: GpuOpt = None,
     draft_gpu_layers: DraftGpuOpt = None,
+    rpc: RpcOpt = None,
     threads: ThreadsOpt = None,
     system: Annotated[
         str | None, typer.Option("--system", help="System prompt for chat requests that send none.")
@@ -165,7 +167,7 @@ def serve(
     opts = Options(
         target, drafts=tuple(draft or ()), no_draft=no_draft, k=parse_k(k), p_min=p_min, params=sampling,
         seed=seed, max_tokens=max_tokens if max_tokens is not None else ctx_size,
-        ctx_size=ctx_size, gpu_layers=gpu_layers, draft_gpu_layers=draft_gpu_layers, threads=threads,
+        ctx_size=ctx_size, gpu_layers=gpu_layers, draft_gpu_layers=draft_gpu_layers, rpc=rpc, threads=threads,
         system=system, offline=offline, force=force, strict=strict, verbose=verbose,
         template_kwargs=parse_template_kwargs(chat_template_kwargs, chat_template_kwarg),
     )  # fmt: skip

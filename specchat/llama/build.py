@@ -210,6 +210,26 @@ def first_build_args(cmake_args: str, *, cpuinfo: str | None = None, x86: bool |
     return explicit_x86_args(cpuinfo, cmake_args)
 
 
+def with_rpc(cmake_args: str) -> str:
+    """CMAKE_ARGS with llama.cpp's RPC backend on (`-DGGML_RPC=ON`), on every platform, unless the user's
+    CMAKE_ARGS already say GGML_RPC either way.
+
+    Why always: `specchat worker` serves this build's devices to another machine and `--rpc` places a
+    target's layers on such workers; both need ggml-rpc, and a worker must compute with the same patched
+    kernels as the main process (a stock ggml-rpc-server would round verify batches differently). The
+    backend only adds a device when `--rpc` names a worker, so a build that never uses it computes as
+    before. The flag is part of CMAKE_ARGS and so of the wheel-cache key: a cached wheel built without
+    RPC is never handed back for this build."""
+    if any(re.fullmatch(r"-DGGML_RPC(?::BOOL)?=.*", a) for a in shlex.split(cmake_args)):
+        return cmake_args
+    return " ".join(filter(None, [cmake_args, "-DGGML_RPC=ON"]))
+
+
+def build_args(cmake_args: str) -> str:
+    """CMAKE_ARGS for `make install`'s build: the first try's (`first_build_args`) with RPC on."""
+    return with_rpc(first_build_args(cmake_args))
+
+
 def _cpu_flags() -> str:
     """This CPU's flags as one sorted string (part of the wheel-cache key); the processor's name where
     /proc/cpuinfo lists none (macOS, ...)."""
@@ -412,7 +432,7 @@ def install(*, cmake_args: str | None = None, force: bool = False, say: Say = _s
     """`make install`'s first step: the patched llama-cpp-python, from the cache when it can.
 
     Returns 0 when the patched build is installed (or already was), 1 with one line on failure."""
-    cmake_args = first_build_args(os.environ.get("CMAKE_ARGS", "")) if cmake_args is None else cmake_args
+    cmake_args = build_args(os.environ.get("CMAKE_ARGS", "")) if cmake_args is None else cmake_args
     queue = patch_queue()
     if not queue:
         say("no patches/llama.cpp queue here: keeping the stock llama-cpp-python")
@@ -504,7 +524,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "check":
         return rebase_report(pinned_sdist())
     if args.command == "version":  # what a build on this machine with these CMAKE_ARGS holds
-        cmake_args = first_build_args(os.environ.get("CMAKE_ARGS", ""))
+        cmake_args = build_args(os.environ.get("CMAKE_ARGS", ""))
         print(local_version(PINNED, _selections(patch_queue(), cmake_args)[0]))
         return 0
     try:

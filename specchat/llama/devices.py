@@ -9,9 +9,27 @@ from pathlib import Path
 
 from .lib import llama_cpp
 
+#: ggml_backend_dev_type values of a device with memory of its own to offload layers to (GPU, IGPU)
+_OFFLOAD_TYPES = (1, 2)
+
 
 def supports_gpu_offload() -> bool:
-    return bool(llama_cpp.llama_supports_gpu_offload())
+    """Whether this machine has a GPU (dedicated or integrated) llama.cpp can offload layers to.
+
+    Why not llama.cpp's own `llama_supports_gpu_offload`: it also answers yes whenever the build has
+    the RPC backend (`make install` always builds it, for `specchat worker` and `--rpc`), though a
+    CPU-only build with RPC compiled in offloads nothing until `--rpc` names a worker, and a target
+    split over workers is placed by `llama/rpc.py`, not by this flag. Asked of the local device
+    registry (ggml_backend_dev_by_type), where RPC devices never appear: specchat does not register
+    its workers' devices globally, so drafts and heads keep to this machine."""
+    if not llama_cpp.llama_supports_gpu_offload():  # (which also loads a dynamic build's backends)
+        return False
+    lib = ggml_lib()
+    by_type = getattr(lib, "ggml_backend_dev_by_type", None) if lib is not None else None
+    if by_type is None:
+        return True
+    by_type.restype, by_type.argtypes = ctypes.c_void_p, [ctypes.c_int]
+    return any(by_type(kind) for kind in _OFFLOAD_TYPES)
 
 
 def backend_info() -> dict[str, object]:
@@ -49,7 +67,7 @@ def device_memory() -> list[DeviceMemory]:
     recommended working set, CUDA the free VRAM, the CPU the system RAM. An empty list when the
     build does not export these functions.
     """
-    lib = _ggml_lib()
+    lib = ggml_lib()
     if lib is None:
         return []
     llama_cpp.llama_backend_init()
@@ -89,7 +107,7 @@ def device_memory() -> list[DeviceMemory]:
     return out
 
 
-def _ggml_lib() -> ctypes.CDLL | None:
+def ggml_lib() -> ctypes.CDLL | None:
     """The loaded libllama (dlsym finds ggml's symbols through it), else libggml next to it."""
     lib = getattr(getattr(llama_cpp, "llama_cpp", None), "_lib", None)
     if lib is not None and hasattr(lib, "ggml_backend_dev_count"):

@@ -20,10 +20,12 @@ import numpy as np
 
 from ..decoding.settings import CTX_SIZE
 from ..errors import ContextFull, EngineError, ModelFileError
-from .devices import supports_gpu_offload
+from .devices import ggml_lib, supports_gpu_offload
 from .lib import llama_cpp
 from .log import quiet_stderr, set_verbose
 from .rollback import Checkpoint, Rollback, replay_chunks
+from .rpc import failed_worker, worker_lost
+from .rpc_wire import parse_endpoints, probe
 from .vocab import VocabQueries
 
 
@@ -60,6 +62,13 @@ class LoadOptions:
     #: load the GGUF's multi-token-prediction (NextN) layers too, for an MTP drafter (llama/mtp.py);
     #: they are not part of the target's own forward pass, so its output is the same either way
     load_mtp: bool = False
+    #: the ggml devices (handles) `gpu_layers` are offloaded to, llama.cpp's model param `devices`: a
+    #: target split over RPC workers names theirs here (llama/rpc.py). None: llama.cpp's default
+    #: list, this machine's own GPUs (workers are never in it, so drafts and heads stay local)
+    devices: tuple[int, ...] | None = None
+    #: the RPC workers (`HOST:PORT`) among `devices`: after every decode the model asks whether one
+    #: stopped answering, and raises WorkerError naming it (its outputs are not the model's)
+    workers: tuple[str, ...] = ()
 
 
 #: ggml_type value (ggml.h) for LoadOptions.type_v
@@ -90,17 +99,28 @@ class SavedState:
 
 
 def load_model_file(
-    path: Path, gpu_layers: int, *, verbose: bool, repack: bool = True, load_mtp: bool = False
+    path: Path,
+    gpu_layers: int,
+    *,
+    verbose: bool,
+    repack: bool = True,
+    load_mtp: bool = False,
+    devices: tuple[int, ...] | None = None,
 ) -> object | None:
-    """A GGUF loaded by llama.cpp with `gpu_layers` offloaded (negative: all), repacked weights
-    (`repack`, where the build has them) and its NextN layers (`load_mtp`): a target, or a drafter's
-    own file loaded with its target's offload so both sit on the same device. None where llama.cpp
-    cannot load it; the caller says what the file was meant to be."""
+    """A GGUF loaded by llama.cpp with `gpu_layers` offloaded (negative: all) to `devices` (None:
+    llama.cpp's default list), repacked weights (`repack`, where the build has them) and its NextN
+    layers (`load_mtp`): a target, or a drafter's own file loaded with its target's offload so both
+    sit on the same device. None where llama.cpp cannot load it; the caller says what the file was
+    meant to be."""
     mparams = llama_cpp.llama_model_default_params()
     mparams.n_gpu_layers = 2**31 - 1 if gpu_layers < 0 else gpu_layers
     if hasattr(mparams, "use_extra_bufts"):
         mparams.use_extra_bufts = repack
     mparams.load_mtp = load_mtp
+    # a NULL-terminated array of device handles; llama.cpp copies the list while it loads
+    listed = (ctypes.c_void_p * (len(devices) + 1))(*devices, None) if devices is not None else None
+    if listed is not None:
+        mparams.devices = ctypes.cast(listed, ctypes.c_void_p).value
     with quiet_stderr(not verbose):
         return llama_cpp.llama_model_load_from_file(str(path).encode(), mparams) or None
 
@@ -124,14 +144,24 @@ class LlamaModel(VocabQueries):
         self.repack = opts.repack
         self.type_v = opts.type_v
         model = load_model_file(
-            self.path, gpu_layers, verbose=opts.verbose, repack=opts.repack, load_mtp=opts.load_mtp
+            self.path,
+            gpu_layers,
+            verbose=opts.verbose,
+            repack=opts.repack,
+            load_mtp=opts.load_mtp,
+            devices=opts.devices,
         )
         if model is None:
+            if opts.workers:  # a worker that died while the weights were sent: name it
+                for worker in parse_endpoints(",".join(opts.workers)):
+                    probe(worker)
             raise ModelFileError(
                 f"llama.cpp could not load {self.path}",
                 "check that it is a complete GGUF file of a supported architecture; --verbose shows why",
             )
         self._model = model
+        self._workers = opts.workers
+        self._check_workers()  # one that died while the weights were sent
         self._vocab = llama_cpp.llama_model_get_vocab(model)
         cparams = llama_cpp.llama_context_default_params()
         cparams.n_ctx = opts.n_ctx
@@ -266,6 +296,9 @@ class LlamaModel(VocabQueries):
             b.logits[i] = i in outputs
         b.n_tokens = count
         rc = llama_cpp.llama_decode(self._ctx, b)
+        if self._workers and failed_worker(ggml_lib(), self._workers) is not None:
+            self._decode_failed(base)  # this pass's outputs came from a worker that was gone
+            self._check_workers()
         if rc != 0:
             self._decode_failed(base)
             if rc == 1:
@@ -284,6 +317,12 @@ class LlamaModel(VocabQueries):
             self._rollback.decoded(count, self._held)
         if self.on_decoded is not None:
             self.on_decoded(base, count)
+
+    def _check_workers(self) -> None:
+        """WorkerError naming the first RPC worker of this model that stopped answering."""
+        lost = failed_worker(ggml_lib(), self._workers) if self._workers else None
+        if lost is not None:
+            raise worker_lost(lost)
 
     def _decode_failed(self, base: int) -> None:
         """The failed batch may have been partly stored: drop anything past what was held before it

@@ -32,6 +32,8 @@ if TYPE_CHECKING:
     from ..llama.eagle3 import Eagle3Head
     from ..llama.grammar import Grammar
     from ..llama.mtp import AssistantHead, MtpHead
+    from ..llama.rpc import Split
+    from ..llama.rpc_wire import WorkerInfo
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +51,8 @@ class LoadConfig:
     verbose: bool = False
     #: --strict: greedy output equal to one-token decoding token for token (loop.Settings)
     strict: bool = False
+    #: --rpc: llama.cpp RPC workers (`HOST:PORT`) the target's layers are split over (llama/rpc.py)
+    rpc: tuple[str, ...] = ()
 
 
 @dataclass(slots=True)
@@ -66,6 +70,8 @@ class Loaded:
     #: verify batches of up to this many rows shown bit-exact by the build's invariance probe (0: not
     #: shown, or the target is not on the CPU the probe ran on); calibration confirms it on the target
     verified_rows: int = 0
+    #: where a target split over RPC workers has its layers (one line), "" for a target on this machine
+    placement: str = ""
 
     def close(self) -> None:
         for h in self.heads:
@@ -211,6 +217,7 @@ def load(
 
     ident = build_identity()  # the installed build: refused if recorded bad, keys the calibration below
     refuse_known_bad(ident)
+    workers = _probe_workers(cfg.rpc)  # an unusable worker is one line, before anything is loaded
     stock = build_warning(ident)  # a stock llama-cpp-python: said once, with how to get the patched one
     free = {
         spec: registry.make(spec) for spec in cfg.drafts if registry.is_model_free(spec)
@@ -249,11 +256,16 @@ def load(
     # verify batches shown bit-exact on this build, attention with V in f16 (llama.cpp's default) and
     # in bf16 past 512 cells included (llama/invariance.py); 0: not shown, or not on the CPU it ran on
     verified = verified_exact_rows(ident) if on_cpu else 0
+    split = _split(workers, infos[cfg.target], cfg.gpu_layers) if workers else None
+    if split is not None:
+        note(f"loading {paths[cfg.target].name}: {split.summary}")
     target = LlamaModel(
         paths[cfg.target],
         LoadOptions(
             n_ctx=cfg.ctx_size,
-            gpu_layers=cfg.gpu_layers,
+            gpu_layers=split.gpu_layers if split is not None else cfg.gpu_layers,
+            devices=split.devices if split is not None else None,
+            workers=tuple(str(w.endpoint) for w in workers),
             threads=cfg.threads,
             verbose=cfg.verbose,
             # One target, one output: the target loads the same with or without drafters, so
@@ -277,6 +289,10 @@ def load(
         name=cfg.target,
     )
     out = Loaded(target=target, drafters=[], strict=cfg.strict, warnings=[stock] if stock else [])
+    if split is not None:
+        out.placement = split.summary
+        # the probe's proof covers this machine's CPU; the workers' devices are measured by calibration
+        verified = 0
     drafts = cfg.drafts
     if drafts and not target.can_roll_back:
         out.warnings.append(
@@ -350,6 +366,28 @@ def _target_head(
             "--draft mtp:assistant=PATH, or another --draft",
         )
     return MtpHead(target, verbose=cfg.verbose)
+
+
+def _probe_workers(endpoints: Sequence[str]) -> list[WorkerInfo]:
+    """Each --rpc worker asked for its version and memory (llama/rpc_wire.py), on a build that has
+    the RPC backend: one line for the first that cannot be used. Empty without --rpc."""
+    if not endpoints:
+        return []
+    from ..llama.rpc import require_rpc
+    from ..llama.rpc_wire import parse_endpoints, probe
+
+    require_rpc("--rpc")
+    return [probe(e) for e in parse_endpoints(",".join(endpoints))]
+
+
+def _split(workers: Sequence[WorkerInfo], info: Any, gpu_layers: int | None) -> Split:
+    """The target's layers over this machine and the workers, by free memory (llama/rpc.py)."""
+    from ..llama.devices import device_memory
+    from ..llama.rpc import split_target
+
+    cpu = [d.free_bytes for d in device_memory() if d.kind == "cpu"]
+    local = cpu[0] if cpu else hardware.machine_memory([]).ram_total
+    return split_target(int(info.n_layer), workers, local_free=local, gpu_layers=gpu_layers)
 
 
 def _resolve(spec: str) -> ModelRef:

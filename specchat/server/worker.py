@@ -48,7 +48,7 @@ from ..decoding.model import Model
 from ..decoding.prompt_cache import Prepared, PromptCache
 from ..decoding.session import Engine, answer_events, follow_temperature
 from ..decoding.settings import SettingError
-from ..errors import ContextFull, SpecchatError
+from ..errors import ContextFull, SpecchatError, WorkerError
 from .api import GenRequest
 from .echo import prompt_logprobs
 from .fields import ApiError
@@ -307,6 +307,9 @@ class Worker:
                     self._run(job)
             except ApiError as exc:  # the request cannot be served as sent: its client is told why
                 job.emit(exc)
+            except WorkerError as exc:  # an RPC worker of a split target went away: not the request's fault
+                self.log(f"error: {exc}")
+                job.emit(ApiError(_plain(exc), status=503, type="server_error", code="worker_unavailable"))
             except Exception as exc:  # an engine failure: this request fails, the server keeps serving
                 self.log(f"error: generation failed:\n{traceback.format_exc().rstrip()}")
                 job.emit(ApiError(f"generation failed: {_one_line(exc)}", status=500, type="server_error"))

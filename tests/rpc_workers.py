@@ -1,0 +1,71 @@
+"""`specchat worker` for the tests: started as a child process on a free port of 127.0.0.1 and waited
+for until it answers the probe, stopped with Ctrl-C (test_rpc_split.py, test_rpc_faults.py)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+
+from specchat.errors import WorkerError
+from specchat.llama.rpc_wire import Endpoint, probe
+
+NO_RPC = "this llama-cpp-python has no RPC backend (`make install` builds it with GGML_RPC=ON)"
+
+
+def rpc_build() -> bool:
+    """Whether the installed llama.cpp has ggml-rpc."""
+    from specchat.llama.rpc import rpc_supported
+
+    return rpc_supported()
+
+
+def free_port() -> int:
+    with socket.create_server(("127.0.0.1", 0)) as s:
+        return s.getsockname()[1]
+
+
+def child_env() -> dict[str, str]:
+    """The test's private homes (conftest) for the children too, and no colour."""
+    return {**os.environ, "NO_COLOR": "1"}
+
+
+@contextmanager
+def started_worker(*extra: str) -> Iterator[tuple[Endpoint, subprocess.Popen[str]]]:
+    """`specchat worker` (with `extra` options) on a free port, answering the probe; stopped with
+    Ctrl-C unless a test ended it itself."""
+    port = free_port()
+    argv = [sys.executable, "-m", "specchat", "worker", "--port", str(port), "--threads", "1", *extra]
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env()
+    )
+    endpoint = Endpoint("127.0.0.1", port)
+    deadline = time.monotonic() + 60
+    try:
+        while True:
+            if proc.poll() is not None:
+                said = proc.stdout.read() if proc.stdout else ""
+                pytest.fail(f"the worker exited {proc.returncode}: {said}")
+            try:
+                probe(endpoint, timeout=5)
+                break
+            except WorkerError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+        yield endpoint, proc
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
