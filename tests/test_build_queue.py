@@ -7,6 +7,7 @@ tests read the pinned sdist from the build cache and skip without it."""
 from __future__ import annotations
 
 import io
+import re
 import shutil
 import subprocess
 import sys
@@ -279,6 +280,48 @@ def test_the_repository_queue_applies_clean_to_the_pinned_sdist(tmp_path):
     assert commit.startswith("0c1e570")
     assert [r.status for r in results] == [patchqueue.CLEAN] * len(queue)
     assert any(patchqueue.is_metal_patch(p) for p in queue)
+
+
+#: what every patch's header says first: the llama.cpp it applies to, by short and full commit, and the
+#: llama-cpp-python release that vendors it
+BASE = re.compile(
+    r"Applies to llama\.cpp ([0-9a-f]{7,12}) \(ggml-org/llama\.cpp@([0-9a-f]{40})\), the\s+tree "
+    r"llama-cpp-python (\S+) vendors"
+)
+
+
+def _bases() -> dict[str, tuple[str, str, str]]:
+    """(short commit, full commit, release) each patch of the repository's queue names, by file name."""
+    found = {p.name: BASE.search(patchqueue.header(p)) for p in build.patch_queue()}
+    missing = [name for name, m in found.items() if m is None]
+    assert not missing, (
+        f"{', '.join(missing)}: a patch's header (the text before its first diff) must name the llama.cpp "
+        "it applies to, as the others do: 'Applies to llama.cpp SHORT (ggml-org/llama.cpp@FULL), the tree "
+        f"llama-cpp-python {build.PINNED} vendors'"
+    )
+    return {name: m.groups() for name, m in found.items() if m is not None}
+
+
+def test_every_patch_header_names_the_llama_cpp_base_it_applies_to():
+    """One base for the whole queue, the pinned release's: a patch written against another tree, or
+    one whose header leaves the base out, fails here (the headers are all a rebase has to go by)."""
+    bases = _bases()
+    assert bases and all(p.suffix == ".patch" for p in build.patch_queue())
+    for name, (short, full, release) in bases.items():
+        assert full.startswith(short) and release == build.PINNED, (name, short, full, release)
+    assert len({full for _, full, _ in bases.values()}) == 1, bases
+
+
+def test_the_base_the_headers_name_is_the_one_the_pinned_sdist_vendors(tmp_path):
+    """Its CHANGELOG's newest 'update llama.cpp to ggml-org/llama.cpp@...' (read from the start of the
+    tarball, without unpacking the rest)."""
+    with tarfile.open(_pinned(), "r|gz") as tar:
+        for member in tar:
+            if member.name.endswith("/CHANGELOG.md") and member.name.count("/") == 1:
+                (tmp_path / "CHANGELOG.md").write_bytes(tar.extractfile(member).read())  # type: ignore[union-attr]
+                break
+    vendored = patchqueue.vendored_commit(tmp_path)
+    assert vendored and all(full.startswith(vendored) for _, full, _ in _bases().values())
 
 
 def test_the_metal_patch_compiles_as_cpp_here(tmp_path):
