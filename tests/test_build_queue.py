@@ -262,7 +262,9 @@ def test_a_cpu_build_that_fails_is_an_error_not_a_second_build(queue, cache):
 def test_the_wheel_cache_key_changes_with_any_patch_of_the_queue(queue):
     patches, _ = queue
     key = build.build_key("0.3.36", patches, "", cpu="avx2")
-    patches[2].write_text(patches[2].read_text().replace("metal: kernel b", "metal: kernel b, reworded"))
+    patches[2].write_text(
+        patches[2].read_text().replace("+kernel b for verify rows", "+kernel b, for verify rows")
+    )
     assert build.build_key("0.3.36", patches, "", cpu="avx2") != key
 
 
@@ -415,3 +417,18 @@ def test_a_patched_build_of_another_queue_is_named_where_the_checkout_can_tell(t
     assert installed.describe(other, root=tmp_path / "site-packages").kind == "patched"
     missing = installed.Installed(None)
     assert missing.kind == "not installed" and "make install" in (missing.advice() or "")
+
+
+def test_a_patch_headers_words_do_not_change_the_queue_hash(tmp_path):
+    """The header says why a patch exists; rewording it must not rebuild llama-cpp-python, while a
+    change to the diff itself must."""
+    body = "diff --git a/x.c b/x.c\n--- a/x.c\n+++ b/x.c\n@@ -1 +1 @@\n-a\n+b\n"
+    patch = tmp_path / "0001-x.patch"
+    patch.write_text("x: why\n\nApplies to llama.cpp 0c1e57098.\n\n" + body)
+    before = build.queue_hash([patch])
+    patch.write_text(
+        "x: why, said better (a diff --git in the words)\n\nApplies to llama.cpp 0c1e57098.\n\n" + body
+    )
+    assert build.queue_hash([patch]) == before
+    patch.write_text("x: why\n\n" + body.replace("+b", "+c"))
+    assert build.queue_hash([patch]) != before

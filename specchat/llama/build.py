@@ -76,11 +76,21 @@ def patch_queue(root: Path | None = None) -> list[Path]:
 
 
 def queue_hash(patches: Sequence[Path]) -> str:
-    """Ten hex digits naming the queue: its file names and bytes, in order."""
+    """Ten hex digits naming the queue: its file names and their diffs, in order. A patch's header
+    (the text before its first `diff --git`, which `git apply` skips) is left out, so rewording why
+    a patch exists does not rebuild llama-cpp-python."""
     h = hashlib.sha256()
     for p in patches:
-        h.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
+        h.update(p.name.encode() + b"\0" + patch_body(p.read_bytes()) + b"\0")
     return h.hexdigest()[:10]
+
+
+def patch_body(data: bytes) -> bytes:
+    """A patch file from its first `diff --git` line on (all of it when it has none)."""
+    start = data.find(b"diff --git ")
+    while start > 0 and data[start - 1 : start] != b"\n":
+        start = data.find(b"diff --git ", start + 1)
+    return data[start:] if start >= 0 else data
 
 
 def local_version(version: str, patches: Sequence[Path]) -> str:
