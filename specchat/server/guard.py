@@ -179,7 +179,7 @@ class RequestGuard:
             if err is None:
                 receive = _replay(body, receive)
         if err is not None:
-            await _send_error(err, send)
+            await _send_error(err, scope, send)
             return
         await self.app(scope, receive, send)
 
@@ -267,7 +267,8 @@ def _replay(body: bytes, receive: Receive) -> Receive:
     return again
 
 
-async def _send_error(err: ApiError, send: Send) -> None:
+async def _send_error(err: ApiError, scope: Scope, send: Send) -> None:
+    """The refusal in OpenAI's error shape; the request's body, if any, is left unread."""
     from starlette.responses import JSONResponse
 
     response = JSONResponse(err.body(), status_code=err.status, headers=err.headers)
@@ -275,7 +276,7 @@ async def _send_error(err: ApiError, send: Send) -> None:
     async def nothing() -> Message:  # the response never reads the request
         return {"type": "http.disconnect"}
 
-    await response({"type": "http"}, nothing, send)
+    await response(scope, nothing, send)
 
 
 def parse_allowed(values: Iterable[str]) -> tuple[str, ...]:
