@@ -128,6 +128,19 @@ def test_fit_check_passes_refuses_and_can_be_forced() -> None:
     fit_check(fp, gpu_offload=False, vram_bytes=None, force=True, ram_bytes=0)
 
 
+def test_fit_check_counts_the_memory_rpc_workers_lend_and_names_each_machine() -> None:
+    fp = estimate_footprint([("t.gguf", fake_info(file_size=GIB, **QWEN_1_5B))], 32768)
+    half = fp.total_bytes // 2
+    lent = [("192.168.1.7:50052", half), ("127.0.0.1:50053", fp.total_bytes - half - 10)]
+    fit_check(fp, gpu_offload=False, vram_bytes=None, force=False, ram_bytes=10, workers=lent)
+    with pytest.raises(NotEnoughMemory) as err:
+        fit_check(fp, gpu_offload=False, vram_bytes=None, force=False, ram_bytes=9, workers=lent)
+    message = str(err.value)
+    assert "\n" not in message and "of RAM available here" in message
+    assert "on the worker at 192.168.1.7:50052" in message and "on the worker at 127.0.0.1:50053" in message
+    assert "another worker (--rpc)" in message and "--force" in message
+
+
 def test_fit_check_suggests_a_context_that_fits() -> None:
     fp = estimate_footprint([("t.gguf", fake_info(file_size=GIB, **QWEN_1_5B))], 32768)
     budget = 2 * GIB  # weights + compute fit; the 896 MiB KV cache for 32768 positions does not

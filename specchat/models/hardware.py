@@ -14,7 +14,7 @@ import os
 import platform
 import re
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -269,13 +269,15 @@ def fit_check(
     force: bool,
     ram_bytes: int | None = None,
     memory: MachineMemory | None = None,
+    workers: Sequence[tuple[str, int]] = (),
 ) -> None:
     """Raise `NotEnoughMemory` (numbers + a way out) when the footprint will not fit, unless `force`.
 
     With GPU offload and known GPU memory (`vram_bytes`, else `memory.gpu_free`), the footprint must
     fit there. With unified memory (Apple Silicon) it must fit in RAM and within what the GPU may use
     of it. Otherwise (no GPU, or none reported) it must fit in available RAM. `ram_bytes` overrides the
-    measured available RAM (for tests).
+    measured available RAM (for tests). `workers`: (address, free bytes) of the RPC workers a split
+    target's layers may go to (--rpc): their memory adds to this machine's, and a refusal names each.
     """
     if force:
         return
@@ -302,8 +304,16 @@ def fit_check(
         ways = ["a smaller quantisation", _ctx_advice(footprint, have)]
         if not gpu_offload:
             ways.append("--gpu-layers if you have a GPU")
-    if need <= have:
+    remote = sum(free for _, free in workers)
+    if need <= have + remote:
         return
+    if workers:
+        shares = ", ".join(f"{_gb(free)} on the worker at {name}" for name, free in workers)
+        where = f"{_gb(have)} of {where} here, {shares}"
+        have += remote
+        ways.insert(0, "another worker (--rpc)")
+    else:
+        where = f"{_gb(have)} of {where}"
     n = len(footprint.models)
     subject = (
         "this model needs" if n == 1 else "the model and its draft need" if n == 2 else "these models need"
@@ -314,7 +324,7 @@ def fit_check(
     anyway = "download and try anyway" if footprint.estimated else "try anyway"
     raise NotEnoughMemory(
         f"not enough memory: {subject} about {_gb(need)} at --ctx-size {footprint.n_ctx} "
-        f"({how}{_breakdown(footprint)}) but only {_gb(have)} of {where}{machine} — try {advice}, "
+        f"({how}{_breakdown(footprint)}) but only {where}{machine} — try {advice}, "
         f"or --force to {anyway}"
     )
 

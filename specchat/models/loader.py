@@ -243,12 +243,13 @@ def load(
         gpu_layers=cfg.gpu_layers,
         force=cfg.force,
         offline=cfg.offline,
+        workers=_lent(workers),
     )
     paths = {spec: locate(spec, offline=cfg.offline, console=console) for spec in [cfg.target, *model_specs]}
     infos = {spec: read_gguf(p) for spec, p in paths.items()}  # not-a-GGUF / truncated: one clear line
     if head_kind == registry.EAGLE3 and head_file is not None:
         check_eagle3_file(infos[head_file], infos[cfg.target])  # before the target's load, not after
-    _fit_check(cfg, paths, infos)
+    _fit_check(cfg, paths, infos, workers)
     note(f"loading {paths[cfg.target].name}")
     on_cpu = cfg.gpu_layers == 0 or not supports_gpu_offload()
     from ..llama.buildcheck import verified_exact_rows
@@ -404,8 +405,10 @@ def fit_before_download(
     gpu_layers: int | None = None,
     force: bool = False,
     offline: bool | None = None,
+    workers: Sequence[tuple[str, int]] = (),
 ) -> None:
-    """Refuse, before a byte is downloaded, models that together will not fit (NotEnoughMemory).
+    """Refuse, before a byte is downloaded, models that together will not fit (NotEnoughMemory),
+    counting the memory `workers` (address, free bytes: --rpc) lend a split target.
 
     Only when something would be downloaded: files on disk get the exact check from their headers
     after `locate`. Sizes come from models.toml or the Hub's metadata (hub.download_size); without a
@@ -446,7 +449,9 @@ def fit_before_download(
         )
     footprint = hardware.Footprint(models=tuple(models), n_ctx=ctx_size, estimated=True)
     offload, memory = _offload_and_memory(gpu_layers)
-    hardware.fit_check(footprint, gpu_offload=offload, vram_bytes=None, force=False, memory=memory)
+    hardware.fit_check(
+        footprint, gpu_offload=offload, vram_bytes=None, force=False, memory=memory, workers=workers
+    )
 
 
 def _offload_and_memory(gpu_layers: int | None) -> tuple[bool, hardware.MachineMemory]:
@@ -456,10 +461,20 @@ def _offload_and_memory(gpu_layers: int | None) -> tuple[bool, hardware.MachineM
     return supports_gpu_offload() and gpu_layers != 0, hardware.machine_memory(device_memory())
 
 
-def _fit_check(cfg: LoadConfig, paths: dict[str, Path], infos: dict[str, object]) -> None:
+def _fit_check(
+    cfg: LoadConfig, paths: dict[str, Path], infos: dict[str, object], workers: Sequence[WorkerInfo] = ()
+) -> None:
+    """The exact check from the files' headers; a split target's workers lend their free memory."""
     fp = hardware.estimate_footprint([(paths[s], infos[s]) for s in paths], cfg.ctx_size)
     offload, memory = _offload_and_memory(cfg.gpu_layers)
-    hardware.fit_check(fp, gpu_offload=offload, vram_bytes=None, force=cfg.force, memory=memory)
+    hardware.fit_check(
+        fp, gpu_offload=offload, vram_bytes=None, force=cfg.force, memory=memory, workers=_lent(workers)
+    )
+
+
+def _lent(workers: Sequence[WorkerInfo]) -> list[tuple[str, int]]:
+    """Each worker's address and the memory it reports free (what a split may place there)."""
+    return [(str(w.endpoint), w.free_bytes) for w in workers]
 
 
 def chat_prompt(
