@@ -7,6 +7,8 @@ drafter) and `tiny_url` (a server over it) are module-scoped; conftest.py re-exp
 
 from __future__ import annotations
 
+import re
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -135,3 +137,18 @@ def tiny_engine(tiny_pair: tuple[Path, Path]) -> Iterator[loader.LoadedEngine]:
 def tiny_url(tiny_engine: loader.LoadedEngine) -> Iterator[str]:
     with serving(tiny_engine) as url:
         yield url
+
+
+def read_banner(proc: subprocess.Popen[str]) -> tuple[str, str]:
+    """A `specchat serve` subprocess's start-up lines (read from its stderr up to the Ctrl-C line)
+    and the base URL (…/v1) they give."""
+    assert proc.stderr is not None
+    seen = []
+    for line in proc.stderr:
+        seen.append(line)
+        if "Ctrl-C" in line:
+            break
+    banner = "".join(seen)
+    found = re.search(r"http://127\.0\.0\.1:\d+/v1", banner)
+    assert found, banner
+    return banner, found.group()

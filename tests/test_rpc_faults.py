@@ -6,7 +6,6 @@ Needs the build's ggml-rpc to fail a lost connection rather than abort (patch 00
 
 from __future__ import annotations
 
-import re
 import signal
 import subprocess
 import sys
@@ -16,6 +15,7 @@ import httpx
 import pytest
 
 from .rpc_workers import NO_RPC, child_env, rpc_build, started_worker
+from .serving import read_banner
 
 
 def _fault_patch() -> bool:
@@ -61,15 +61,7 @@ def test_serve_answers_503_naming_a_lost_worker_and_keeps_running(tiny_target: P
         argv += ["--threads", "1", "--ctx-size", "256", "--rpc", str(endpoint)]
         proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True, env=child_env())
         try:
-            assert proc.stderr is not None
-            seen = []
-            for line in proc.stderr:
-                seen.append(line)
-                if "Ctrl-C" in line:
-                    break
-            found = re.search(r"http://127\.0\.0\.1:\d+/v1", "".join(seen))
-            assert found, "".join(seen)
-            url = found.group()
+            _, url = read_banner(proc)
             body = {"model": "tiny", "prompt": "Once", "max_tokens": 4, "temperature": 0}
             assert httpx.post(url + "/completions", json=body, timeout=120).status_code == 200
             worker.kill()

@@ -22,6 +22,7 @@ from specchat.cli import app
 from specchat.llama.rpc_wire import Endpoint
 
 from .rpc_workers import NO_RPC, child_env, free_port, rpc_build, started_worker
+from .serving import read_banner
 
 runner = CliRunner()
 needs_rpc = pytest.mark.skipif(not rpc_build(), reason=NO_RPC)
@@ -115,8 +116,6 @@ def test_a_worker_on_a_port_in_use_or_with_an_unknown_device_is_one_line():
 
 @needs_rpc
 def test_serve_answers_through_the_split_as_the_unsplit_target(tiny_pair: tuple[Path, Path], worker):
-    import re
-
     import httpx
 
     from .serving import loaded_engine, serving
@@ -130,16 +129,9 @@ def test_serve_answers_through_the_split_as_the_unsplit_target(tiny_pair: tuple[
     cmd += ["--rpc", str(endpoint), "--port", "0", "--threads", "1", "--ctx-size", "512"]
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=child_env())
     try:
-        assert proc.stderr is not None
-        seen = []
-        for line in proc.stderr:
-            seen.append(line)
-            if "Ctrl-C" in line:
-                break
-        found = re.search(r"http://127\.0\.0\.1:\d+/v1", "".join(seen))
-        assert found, "".join(seen)
-        assert f"on {endpoint}" in "".join(seen)  # the split's line
-        reply = httpx.post(found.group() + "/completions", json=body, timeout=120).json()
+        banner, url = read_banner(proc)
+        assert f"on {endpoint}" in banner  # the split's line
+        reply = httpx.post(url + "/completions", json=body, timeout=120).json()
         assert reply["choices"][0]["text"] == plain
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=30) == 0

@@ -33,7 +33,7 @@ from specchat.server.stops import StopFilter
 from specchat.server.worker import Worker
 
 from .fakes import FakeModel
-from .serving import client, health, serving, wait_until
+from .serving import client, health, read_banner, serving, wait_until
 
 SOURCES = {"draft", "ngram", "correction", "bonus", "target"}
 HELLO = [{"role": "user", "content": "Tell me a story about a cat"}]
@@ -510,22 +510,15 @@ def test_serve_prints_how_to_call_it_answers_and_exits_0_on_a_signal(tiny_target
         [*cmd, "--threads", "1", "--ctx-size", "256"], env=env, stderr=subprocess.PIPE, text=True
     )
     try:
-        seen = []
-        assert proc.stderr is not None
-        for line in proc.stderr:
-            seen.append(line)
-            if "Ctrl-C" in line:
-                break
-        banner = "".join(seen)
-        url = re.search(r"http://127\.0\.0\.1:\d+/v1", banner)
-        assert url, banner
+        banner, url = read_banner(proc)
         assert "curl" in banner and "OpenAI(base_url=" in banner and "model" in banner
         page = re.search(r"page:\s+(http://127\.0\.0\.1:\d+/) ", banner)
-        assert page and page.group(1) == url.group().removesuffix("v1")
+        assert page and page.group(1) == url.removesuffix("v1")
         assert httpx.get(page.group(1), timeout=10).headers["content-type"].startswith("text/html")
-        reply = client(url.group()).chat.completions.create(model="x", messages=HELLO, max_tokens=5)
+        reply = client(url).chat.completions.create(model="x", messages=HELLO, max_tokens=5)
         assert reply.usage.completion_tokens == 5
         proc.send_signal(sig)
+        assert proc.stderr is not None
         rest = proc.stderr.read()
         assert proc.wait(timeout=30) == 0, rest
         assert "stopped" in rest and "Traceback" not in rest
