@@ -105,17 +105,17 @@ class HostPolicy:
     allowed: tuple[str, ...] = ()
     local: frozenset[str] = frozenset()
 
-    def __post_init__(self) -> None:
+    def __post_init__(self) -> None:  # written as Host headers give them, once
+        object.__setattr__(self, "bound", _normal(self.bound))
         object.__setattr__(self, "allowed", tuple(_normal(a) for a in self.allowed))
 
     def host_ok(self, name: str) -> bool:
         """Whether a request whose Host names `name` (split_host's) is served."""
         if name in LOOPBACK_NAMES or self._given(name):
             return True
-        bound = _normal(self.bound)
-        if bound in WILDCARDS:
+        if self.bound in WILDCARDS:
             return name in self.local
-        return name == bound
+        return name == self.bound
 
     def origin_ok(self, origin: str, host_header: str) -> bool:
         """Whether a request with this `Origin` comes from the server's own page (same scheme-less
