@@ -38,10 +38,10 @@ def child_env() -> dict[str, str]:
 
 
 @contextmanager
-def started_worker(*extra: str) -> Iterator[tuple[Endpoint, subprocess.Popen[str]]]:
-    """`specchat worker` (with `extra` options) on a free port, answering the probe; stopped with
-    Ctrl-C unless a test ended it itself."""
-    port = free_port()
+def started_worker(*extra: str, port: int | None = None) -> Iterator[tuple[Endpoint, subprocess.Popen[str]]]:
+    """`specchat worker` (with `extra` options) on `port` (default: a free one), answering the probe;
+    stopped with Ctrl-C unless a test ended it itself."""
+    port = port or free_port()
     argv = [sys.executable, "-m", "specchat", "worker", "--port", str(port), "--threads", "1", *extra]
     proc = subprocess.Popen(
         argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env()

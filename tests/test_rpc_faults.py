@@ -55,7 +55,7 @@ def test_a_worker_killed_mid_answer_ends_it_in_one_line_naming_it_and_the_text_i
     assert "Traceback" not in said and first and len(first + rest) > 1  # what was generated is kept
 
 
-def test_serve_answers_503_naming_a_lost_worker_and_keeps_running(tiny_target: Path):
+def test_serve_answers_503_naming_a_lost_worker_and_recovers_when_it_is_back(tiny_target: Path):
     with started_worker() as (endpoint, worker):
         argv = [sys.executable, "-m", "specchat", "serve", str(tiny_target), "--no-draft", "--port", "0"]
         argv += ["--threads", "1", "--ctx-size", "256", "--rpc", str(endpoint)]
@@ -63,13 +63,22 @@ def test_serve_answers_503_naming_a_lost_worker_and_keeps_running(tiny_target: P
         try:
             _, url = read_banner(proc)
             body = {"model": "tiny", "prompt": "Once", "max_tokens": 4, "temperature": 0}
-            assert httpx.post(url + "/completions", json=body, timeout=120).status_code == 200
+            first = httpx.post(url + "/completions", json=body, timeout=120)
+            assert first.status_code == 200
             worker.kill()
             worker.wait()
             lost = httpx.post(url + "/completions", json=body, timeout=120)
             assert lost.status_code == 503, lost.text
             assert str(endpoint) in lost.json()["error"]["message"]
-            assert httpx.get(url.removesuffix("/v1") + "/health", timeout=30).status_code == 200
+            health = httpx.get(url.removesuffix("/v1") + "/health", timeout=30)
+            assert health.status_code == 200 and str(endpoint) in health.json()["unavailable"]
+            again = httpx.post(url + "/completions", json=body, timeout=120)  # still gone: asked again
+            assert again.status_code == 503 and "cannot be reached" in again.json()["error"]["message"]
+            with started_worker(port=endpoint.port):  # the same worker started again: served again
+                back = httpx.post(url + "/completions", json=body, timeout=120)
+                assert back.status_code == 200, back.text
+                assert back.json()["choices"][0]["text"] == first.json()["choices"][0]["text"]
+                assert "unavailable" not in httpx.get(url.removesuffix("/v1") + "/health", timeout=30).json()
             proc.send_signal(signal.SIGINT)
             assert proc.wait(timeout=30) == 0
         finally:

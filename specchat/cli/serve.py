@@ -51,7 +51,8 @@ from .options import (
 )
 
 if TYPE_CHECKING:
-    from ..models.loader import Loaded
+    from ..decoding.prompt_cache import PromptCache
+    from ..models.loader import LoadConfig, Loaded, LoadedEngine
     from ..server.app import ServerThread
     from ..server.guard import HostPolicy
     from ..server.worker import Worker
@@ -196,48 +197,88 @@ def serve(
         drafts = opts.drafts_to_load(
             announce=lambda line: err.print(f"[dim]{escape(line)}[/]", soft_wrap=True)
         )
-        loaded = load_models(opts.load_config(drafts), err)
+        cfg = opts.load_config(drafts)
+        models = _Models(load_models(cfg, err), cfg, seed=opts.seed, cache_ram=cache_ram, err=err)
         try:
-            check_vocab(opts.params, loaded.target.n_vocab)  # the requests' default --logit-bias
+            check_vocab(opts.params, models.loaded.target.n_vocab)  # the requests' default --logit-bias
             guard = Guard(host, allowed, max_body * MIB if max_body is not None else None)
-            _serve_loaded(
-                loaded, opts, sock, guard=guard, api_key=api_key, queue=queue, cache_ram=cache_ram, err=err
-            )
+            _serve_loaded(models, opts, sock, guard=guard, api_key=api_key, queue=queue, err=err)
         finally:
-            loaded.close()
+            models.close()
     finally:
         sock.close()
 
 
+@dataclass(slots=True)
+class _Models:
+    """The models `serve` holds. A target split over RPC workers loses the layers a worker held when
+    that worker dies, so `revive` (the server worker's, see server/worker.py) loads them all again
+    once every worker answers the probe: asked first, so nothing is closed while one is still gone."""
+
+    loaded: Loaded
+    cfg: LoadConfig
+    seed: int | None
+    cache_ram: int | None
+    err: Console
+
+    def engine(self) -> tuple[LoadedEngine, PromptCache]:
+        """The backend the server worker runs on, and a prompt cache over its models."""
+        from ..decoding.prompt_cache import PromptCache
+        from ..models.loader import LoadedEngine
+
+        loaded = self.loaded
+        cache = PromptCache(loaded.target, loaded.draft_models, budget_bytes=cache_bytes(self.cache_ram))
+        return LoadedEngine(loaded, seed=self.seed), cache
+
+    def revive(self) -> tuple[LoadedEngine, PromptCache]:
+        """Every RPC worker answering again: the models loaded anew (WorkerError, and nothing
+        closed, while one does not answer)."""
+        from ..llama.rpc_wire import parse_endpoints, probe
+
+        for endpoint in parse_endpoints(",".join(self.cfg.rpc)):
+            probe(endpoint, timeout=REVIVE_PROBE_SECONDS)
+        self.err.print("[dim]every RPC worker answers again: loading the models anew…[/]", highlight=False)
+        self.loaded.close()  # frees the lost worker's buffers: ggml-rpc then connects anew
+        self.loaded = load_models(self.cfg, self.err, quiet=True)
+        return self.engine()
+
+    def close(self) -> None:
+        self.loaded.close()
+
+
+#: How long `serve` waits for a lost RPC worker's answer when asking whether it is back.
+REVIVE_PROBE_SECONDS = 2.0
+
+
 def _serve_loaded(
-    loaded: Loaded,
+    models: _Models,
     opts: Options,
     sock: object,
     *,
     guard: Guard,
     api_key: str | None,
     queue: int,
-    cache_ram: int | None,
     err: Console,
 ) -> None:
     """Serve until a signal; the models stay open until both threads have stopped using them."""
-    from ..decoding.prompt_cache import PromptCache
-    from ..models.loader import LoadedEngine
     from ..server.api import Defaults
     from ..server.app import ServerThread, create_app
     from ..server.worker import Worker
 
+    loaded = models.loaded
     for w in loaded.warnings:
         err.print(f"[yellow]warning:[/] {escape(w)}", highlight=False)
     with err.status("preparing the cost model…"):
+        backend, cache = models.engine()
         worker = Worker(
-            LoadedEngine(loaded, seed=opts.seed),
+            backend,
             k=opts.k,
             p_min=opts.p_min,
             seed=opts.seed,
             queue_size=queue,
             log=lambda line: err.print(f"[dim]{escape(line)}[/]", highlight=False, soft_wrap=True),
-            cache=PromptCache(loaded.target, loaded.draft_models, budget_bytes=cache_bytes(cache_ram)),
+            cache=cache,
+            revive=models.revive if models.cfg.rpc else None,
         )
     model = model_id(opts.target, loaded.target.path)
     drafts = [d.name for d in loaded.drafters]

@@ -23,6 +23,12 @@ Waiting requests form a bounded queue; beyond it `submit` refuses with 503 and a
 A job is cancelled by its client hanging up or by shutdown: the worker sees it at the next event and
 closes the generator, which leaves both caches holding a prefix of what was committed (see
 loop.generate), so the next request reuses them safely.
+
+A target split over RPC workers loses the layers a worker held when that worker dies (their weights
+and K/V lived in its memory). The answer in flight ends with 503 naming the worker; from then on each
+request is answered 503 with that reason until `revive` (given by `serve`) finds every worker answering
+again and loads the models anew, which the worker tries before each request and every
+`REVIVE_SECONDS` while idle. Quick jobs keep being answered from the old models' vocabulary meanwhile.
 """
 
 from __future__ import annotations
@@ -62,6 +68,12 @@ T = TypeVar("T")
 QUICK_QUEUE = 64
 #: How long the idle loop sleeps between looks at its queue and at pending signal handlers (see _loop).
 IDLE_WAKE_SECONDS = 0.25
+#: How often an idle worker whose RPC worker was lost asks again whether it is back (see Worker.revive).
+REVIVE_SECONDS = 5.0
+
+#: Loads the models again once every RPC worker answers (WorkerError, touching nothing, while one does
+#: not): the new backend and its prompt cache.
+Revive = Callable[[], "tuple[Backend, PromptCache | None]"]
 
 
 class Backend(Engine, Tokenizer, Protocol):
@@ -178,6 +190,7 @@ class Worker:
         queue_size: int = 8,
         log: Callable[[str], None] = lambda _line: None,
         cache: PromptCache | None = None,
+        revive: Revive | None = None,
     ) -> None:
         self.backend = backend
         #: conversations put aside between requests (decoding/prompt_cache.py); None: only the one
@@ -198,6 +211,13 @@ class Worker:
         self._seconds = 5.0  # running mean of a job's duration, for Retry-After
         self._warned: set[str] = set()  # template warnings logged already
         self._thread: threading.Thread | None = None
+        #: a split target's RPC worker stopped answering: why (the 503's message) until `revive` loads
+        #: the models again; None while every layer is reachable
+        self._lost: str | None = None
+        #: the models were closed for a reload that then failed: nothing can be answered any more
+        self._broken: str | None = None
+        self._revive = revive
+        self._last_revive = 0.0
 
     # --- the model thread -------------------------------------------------------------------------
     def run(self) -> None:
@@ -258,7 +278,9 @@ class Worker:
                 "waiting": len(self._waiting),
                 "stopping": self._stopping,
             }
-        if self.cache is not None:
+        if self._broken is not None or self._lost is not None:
+            out["unavailable"] = self._broken or self._lost
+        if self.cache is not None and self._broken is None:
             out["prompt_cache"] = self.cache.status()
         return out
 
@@ -292,6 +314,8 @@ class Worker:
             self._run_quick()
             with self._cond:
                 while not self._waiting and not self._quick and not self._stopping:
+                    if self._revive_due():
+                        break
                     # never an unbounded wait: `specchat serve` runs this loop on the main thread, and a
                     # Ctrl-C the kernel hands to another thread runs Python's handler only once the main
                     # thread runs bytecode again; blocked without a timeout, serve never saw it
@@ -299,17 +323,26 @@ class Worker:
                 if self._quick:
                     continue
                 if not self._waiting:
-                    return
-                job = self._current = self._waiting.popleft()
+                    if self._stopping:
+                        return
+                    job = None
+                else:
+                    job = self._current = self._waiting.popleft()
+            if job is None:  # idle, and time to ask whether a lost RPC worker is back
+                self._try_revive()
+                continue
             start = time.monotonic()
             try:
                 if not job.cancelled:
+                    self._check_available()
                     self._run(job)
             except ApiError as exc:  # the request cannot be served as sent: its client is told why
                 job.emit(exc)
             except WorkerError as exc:  # an RPC worker of a split target went away: not the request's fault
                 self.log(f"error: {exc}")
-                job.emit(ApiError(_plain(exc), status=503, type="server_error", code="worker_unavailable"))
+                self._lost = _lost_line(exc)
+                self._last_revive = time.monotonic()
+                job.emit(_unavailable(self._lost))
             except Exception as exc:  # an engine failure: this request fails, the server keeps serving
                 self.log(f"error: generation failed:\n{traceback.format_exc().rstrip()}")
                 job.emit(ApiError(f"generation failed: {_one_line(exc)}", status=500, type="server_error"))
@@ -317,6 +350,45 @@ class Worker:
                 with self._cond:
                     self._current = None
                     self._seconds = 0.7 * self._seconds + 0.3 * (time.monotonic() - start)
+
+    def _revive_due(self) -> bool:
+        """Whether an idle worker should ask again now whether a lost RPC worker is back."""
+        return (
+            self._lost is not None
+            and self._broken is None
+            and self._revive is not None
+            and time.monotonic() - self._last_revive >= REVIVE_SECONDS
+        )
+
+    def _check_available(self) -> None:
+        """503 while a split target's RPC worker is gone (asked again first: a restarted worker is
+        taken back here, before the request that finds it)."""
+        if self._lost is not None and self._broken is None:
+            self._try_revive()
+        if self._broken is not None or self._lost is not None:
+            raise _unavailable(self._broken or self._lost or "")
+
+    def _try_revive(self) -> None:
+        """Load the models again if every RPC worker answers; otherwise keep the reason up to date."""
+        if self._lost is None or self._revive is None or self._broken is not None:
+            return
+        self._last_revive = time.monotonic()
+        try:
+            backend, cache = self._revive()
+        except WorkerError as exc:  # still gone: nothing was touched
+            self._lost = _lost_line(exc)
+            return
+        except Exception as exc:  # the old models were closed and the new ones did not load
+            self._broken = (
+                f"the models could not be loaded again after an RPC worker came back: {_one_line(exc)} "
+                "(restart specchat serve)"
+            )
+            self.log(f"error: {self._broken}")
+            return
+        self.backend, self.cache = backend, cache
+        self._planner = backend.planner(self.k) if backend.drafters else None
+        self._lost = None
+        self.log("every RPC worker answers again: the models are loaded anew and serving")
 
     def _run_quick(self) -> None:
         """Run the quick jobs waiting now (on the model thread, between rounds or requests)."""
@@ -327,6 +399,9 @@ class Worker:
                 fn, future = self._quick.popleft()
             if not future.set_running_or_notify_cancel():
                 continue  # its client left
+            if self._broken is not None:
+                future.set_exception(_unavailable(self._broken))
+                continue
             try:
                 future.set_result(fn(self.backend))
             except Exception as exc:  # the caller's to report (an ApiError, or a 500)
@@ -516,6 +591,18 @@ def token_prompt(tokens: Sequence[int], target: Model) -> list[int]:
             "raise --ctx-size or shorten the prompt",
         )
     return list(tokens)
+
+
+def _lost_line(exc: WorkerError) -> str:
+    """Why requests get 503 while an RPC worker is gone, and what brings the server back."""
+    return (
+        f"{exc.message}; once `specchat worker` runs there again the server loads the target anew by itself"
+    )
+
+
+def _unavailable(reason: str) -> ApiError:
+    """503 while the models cannot answer (an RPC worker of the split target is gone)."""
+    return ApiError(reason, status=503, type="server_error", code="worker_unavailable")
 
 
 def _shutting_down() -> ApiError:
