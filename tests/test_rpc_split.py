@@ -166,3 +166,39 @@ def test_a_worker_lends_the_memory_given_and_the_split_follows_it(tiny_models_di
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=20)
     assert "1 MiB free of 1 MiB" in out
+
+
+#: a child process (an RPC failure must not take the test session with it): the probe model's logits for
+#: a 10-token prompt, loaded as specchat loads a target (repacked weights), split over `rpc` when given
+_LOGITS = """
+import sys
+import numpy as np
+from specchat.models.loader import LoadConfig, load
+loaded = load(LoadConfig(target=sys.argv[1], ctx_size=64, threads=1, rpc=tuple(sys.argv[2:]), force=True))
+try:
+    logits = loaded.target.decode([1, 5, 9, 77, 100, 200, 31, 42, 8, 250], list(range(10)))
+    sys.stdout.write(np.ascontiguousarray(logits, dtype=np.float32).tobytes().hex())
+finally:
+    loaded.close()
+"""
+
+
+def _logits(path: Path, *rpc: str) -> bytes:
+    argv = [sys.executable, "-c", _LOGITS, str(path), *rpc]
+    res = subprocess.run(argv, capture_output=True, text=True, env=child_env(), timeout=300)
+    assert res.returncode == 0, res.stderr
+    return bytes.fromhex(res.stdout)
+
+
+@needs_rpc
+def test_repacked_weight_types_on_a_worker_give_the_unsplit_logits_bit_for_bit(tmp_path: Path, worker):
+    """The worker keeps the quantised weights its matmuls read in the CPU's repacked layout, as this
+    process does (patch 0008): every layer and the output on the worker, the logits are the same bits."""
+    from specchat.llama.probe_model import write_probe_gguf
+
+    endpoint, _ = worker
+    for qtype in ("Q4_0", "Q4_K", "Q6_K", "Q8_0"):
+        model = write_probe_gguf(tmp_path / f"probe-{qtype}.gguf", qtype, seed=3)
+        unsplit = _logits(model)
+        assert len(unsplit) == 10 * 288 * 4
+        assert _logits(model, str(endpoint)) == unsplit, qtype

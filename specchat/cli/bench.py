@@ -292,12 +292,16 @@ def _prepare(loaded: Loaded, suite: list[BenchPrompt], max_tokens: int, err: Con
 
 def _meta(loaded: Loaded, drafts: tuple[str, ...]) -> dict[str, object]:
     """Where and with what the numbers were measured, for the JSON document and the report header."""
+    from ..decoding.planner import calibration_report, make_planner
     from ..llama.devices import backend_info
 
     target = loaded.target
     info = backend_info()
     return {
         "target": str(target.path),
+        # the verify curve the auto planner drafts by (through the workers, for a split target)
+        "cost_model": calibration_report(make_planner(loaded, None)) if loaded.drafters else [],
+        "placement": getattr(loaded, "placement", ""),
         "draft_specs": list(drafts),
         "draft_models": [str(m.path) for m in loaded.draft_models],
         "machine": {

@@ -55,7 +55,12 @@ def header(result: BenchResult) -> Text:
     if machine:
         parts.append(f"{machine.get('cpu_count')} CPUs, {machine.get('threads')} threads")
         parts.append("GPU offload" if machine.get("gpu_offload") else "CPU only")
-    return Text(" · ".join(parts), style="dim")
+    lines = [" · ".join(parts)]
+    if result.meta.get("placement"):
+        lines.append(f"target split: {result.meta['placement']}")
+    cost = result.meta.get("cost_model")
+    lines += [str(line) for line in cost] if isinstance(cost, list) else []
+    return Text("\n".join(lines), style="dim")
 
 
 def summary_table(result: BenchResult) -> Table:

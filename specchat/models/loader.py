@@ -332,6 +332,11 @@ def load(
             note("measuring batched-vs-one-token rounding (once per model, build and machine)")
             # the build's identity keys every calibration: a rebuild (the patch queue) changes kernels
             backend = out.backend = f"{backend_info().get('system_info', '')} build:{ident['key']}"
+            if split is not None:
+                # a split target's passes cross the network: its verify curve (a round trip per pass,
+                # so V(k)/V(1) falls) is measured through these workers and kept apart from this
+                # machine's own
+                backend = out.backend = f"{backend} rpc:{_workers_key(workers)} {split.summary}"
             out.verified_rows = verified
             out.tie_margin = tie_margin(target, backend=backend)
             out.exact_rows = exact_rows(target, backend=backend, verified=out.verified_rows)
@@ -344,6 +349,15 @@ def load(
         out.close()
         raise
     return out
+
+
+def _workers_key(workers: Sequence[WorkerInfo]) -> str:
+    """The workers of a split as a calibration key: address, protocol and each device's total memory
+    (free memory moves between runs; the total names the machine)."""
+    return ",".join(
+        f"{w.endpoint}/{'.'.join(map(str, w.version))}/{'+'.join(str(total) for _, total in w.memory)}"
+        for w in workers
+    )
 
 
 def _target_head(
