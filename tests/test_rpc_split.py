@@ -202,3 +202,19 @@ def test_repacked_weight_types_on_a_worker_give_the_unsplit_logits_bit_for_bit(t
         unsplit = _logits(model)
         assert len(unsplit) == 10 * 288 * 4
         assert _logits(model, str(endpoint)) == unsplit, qtype
+
+
+@needs_rpc
+def test_doctor_lists_the_workers_with_their_memory_and_says_why_one_cannot_be_used(worker):
+    endpoint, _ = worker
+    gone = Endpoint("127.0.0.1", free_port())
+    res = runner.invoke(app, ["doctor", "--offline", "--json", "--rpc", f"{endpoint},{gone}"])
+    assert res.exit_code == 0, res.output
+    ready, lost = json.loads(res.output)["workers"]
+    assert ready["endpoint"] == str(endpoint) and ready["rpc_version"].startswith("7.")
+    assert ready["devices"] and 0 < ready["free_bytes"] <= ready["total_bytes"]
+    assert lost["endpoint"] == str(gone) and "cannot be reached" in lost["error"]
+    table = runner.invoke(app, ["doctor", "--offline", "--rpc", f"{endpoint},{gone}"], env={"COLUMNS": "200"})
+    assert "RPC workers" in table.output and "ready" in table.output and "cannot be reached" in table.output
+    bad = runner.invoke(app, ["doctor", "--rpc", "nohost"])
+    assert bad.exit_code != 0 and "HOST:PORT" in bad.output and "Traceback" not in bad.output

@@ -86,12 +86,27 @@ def register(app: typer.Typer) -> None:
     app.command("doctor")(guarded(doctor_command))
 
 
-def doctor_command(as_json: JsonOpt = False, offline: OfflineOpt = False) -> None:
+WorkersOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--rpc",
+        metavar="HOST:PORT[,...]",
+        help="Also ask these llama.cpp RPC workers (`specchat worker`) what they serve: protocol version, "
+        "devices, free and total memory, or why they cannot be used.",
+    ),
+]
+
+
+def doctor_command(as_json: JsonOpt = False, offline: OfflineOpt = False, rpc: WorkersOpt = None) -> None:
     """Show the llama.cpp build, cores, RAM, caches, cached models, Hub access and versions.
 
-    Paste its output into bug reports. `--json` gives the same facts for scripts.
+    Paste its output into bug reports. `--json` gives the same facts for scripts. With --rpc, the
+    workers a split target would use are asked too (one line each, a failure included).
     """
+    endpoints = _endpoints(rpc) if rpc is not None else ()  # a malformed list: one line, before anything
     report = collect(probe_hub=not offline)
+    if rpc is not None:
+        report["workers"] = worker_facts(endpoints)
     if as_json:
         # ensure_ascii: metadata strings come from files; \\u escapes keep control characters inert
         typer.echo(json.dumps(report, indent=2, ensure_ascii=True, default=str))
@@ -221,6 +236,37 @@ def llama_cpp_facts() -> dict[str, Any]:
             for d in devices.device_memory()
         ],
     }
+
+
+def _endpoints(text: str) -> tuple[Any, ...]:
+    from specchat.llama.rpc_wire import parse_endpoints
+
+    return parse_endpoints(text)
+
+
+def worker_facts(endpoints: Iterable[Any]) -> list[dict[str, Any]]:
+    """Each RPC worker's answer to the probe `--rpc` runs before a load (standard library only: no
+    llama.cpp), or the one line saying why it cannot be used."""
+    from specchat.errors import WorkerError
+    from specchat.llama.rpc_wire import probe
+
+    out: list[dict[str, Any]] = []
+    for endpoint in endpoints:
+        try:
+            info = probe(endpoint)
+        except WorkerError as exc:
+            out.append({"endpoint": str(endpoint), "error": exc.message, "hint": exc.hint})
+            continue
+        out.append(
+            {
+                "endpoint": str(endpoint),
+                "rpc_version": ".".join(map(str, info.version)),
+                "devices": [{"free_bytes": free, "total_bytes": total} for free, total in info.memory],
+                "free_bytes": info.free_bytes,
+                "total_bytes": info.total_bytes,
+            }
+        )
+    return out
 
 
 def _has_rpc() -> bool:

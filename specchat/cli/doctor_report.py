@@ -52,6 +52,8 @@ def render_report(report: dict[str, Any]) -> Group:
     parts.append(_system_table(report["system"]))
     parts.append(_caches_table(report["caches"]))
     parts.append(_models_table(report["models"]))
+    if "workers" in report:
+        parts.append(_workers_table(report["workers"]))
     parts.append(_hub_table(report["hub"]))
     parts.append(_versions_table(report["versions"], report["specchat"]))
     return Group(*parts)
@@ -174,6 +176,22 @@ def _models_table(m: dict[str, Any]) -> Table | Group:
         t.add_row("[dim]none[/]", "", "", "", "")
     if m["registry_error"]:
         return Group(t, f"[red]models.toml: {_cell(m['registry_error'])}[/]")
+    return t
+
+
+def _workers_table(workers: list[dict[str, Any]]) -> Table:
+    t = _table("RPC workers (--rpc)", "worker", "devices", "free / total", "")
+    for w in workers:
+        if "error" in w:
+            hint = f" [dim]{_cell(w['hint'])}[/]" if w.get("hint") else ""
+            t.add_row(_cell(w["endpoint"]), "", "", f"[red]{_cell(w['error'])}[/]{hint}")
+            continue
+        t.add_row(
+            _cell(w["endpoint"]),
+            str(len(w["devices"])),
+            f"{_size(w['free_bytes'])} / {_size(w['total_bytes'])}",
+            f"[green]ready[/] (RPC {_cell(w['rpc_version'])})",
+        )
     return t
 
 
