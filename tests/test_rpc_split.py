@@ -89,6 +89,26 @@ def test_an_unreachable_worker_is_one_line_before_anything_loads(tiny_target: Pa
     assert wanted in lines[0] and "loading" not in res.stderr
 
 
+@needs_rpc
+def test_a_worker_of_another_build_is_one_line_before_anything_loads(tiny_target: Path, worker):
+    from specchat.llama.rpc import build_tag
+
+    from .test_rpc_wire import fake_worker, rpc_worker
+
+    tag = build_tag()
+    if tag is None:
+        pytest.skip("this llama.cpp build cannot tag its workers (patch 0009)")
+    endpoint, _ = worker
+    from specchat.llama.rpc_wire import probe
+
+    assert probe(endpoint).version[2] == tag  # `specchat worker` answers with this build's tag
+    with fake_worker(rpc_worker(version=(7, 0, 0))) as stock:  # as llama.cpp's ggml-rpc-server answers
+        res = runner.invoke(app, ["run", str(tiny_target), "--no-draft", "-p", "hi", "--rpc", str(stock)])
+    assert res.exit_code != 0 and "Traceback" not in res.output
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "another llama.cpp build" in lines[0] and "loading" not in res.stderr
+
+
 @pytest.mark.parametrize("bad", ["127.0.0.1", "127.0.0.1:0", "a:1,,b:2"])
 def test_a_bad_rpc_option_is_one_line(tiny_target: Path, bad: str):
     res = runner.invoke(app, ["run", str(tiny_target), "-p", "hi", "--rpc", bad])
@@ -193,7 +213,7 @@ def _logits(path: Path, *rpc: str) -> bytes:
 @needs_rpc
 def test_repacked_weight_types_on_a_worker_give_the_unsplit_logits_bit_for_bit(tmp_path: Path, worker):
     """The worker keeps the quantised weights its matmuls read in the CPU's repacked layout, as this
-    process does (patch 0008): every layer and the output on the worker, the logits are the same bits."""
+    process does (patch 0009): every layer and the output on the worker, the logits are the same bits."""
     from specchat.llama.probe_model import write_probe_gguf
 
     endpoint, _ = worker

@@ -131,6 +131,19 @@ def test_a_worker_of_another_protocol_version_is_refused_before_llama_cpp_aborts
         probe(ep, timeout=5)
 
 
+def test_a_worker_of_another_build_is_told_by_its_tag_when_one_is_expected():
+    with fake_worker(rpc_worker(version=(7, 0, 42))) as ep:
+        assert probe(ep, timeout=5, build_tag=42).version == (7, 0, 42)
+        assert probe(ep, timeout=5).version == (7, 0, 42)  # not compared
+    with (
+        fake_worker(rpc_worker(version=(7, 0, 0))) as ep,  # llama.cpp's own ggml-rpc-server
+        pytest.raises(
+            WorkerError, match=r"another llama.cpp build than this one \(its tag 0, here 42\)"
+        ),
+    ):
+        probe(ep, timeout=5, build_tag=42)
+
+
 def test_a_worker_busy_with_another_client_is_named_when_the_timeout_passes():
     def silent(conn: socket.socket) -> None:
         conn.recv(1 << 16)

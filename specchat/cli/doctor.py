@@ -250,10 +250,11 @@ def worker_facts(endpoints: Iterable[Any]) -> list[dict[str, Any]]:
     from specchat.errors import WorkerError
     from specchat.llama.rpc_wire import probe
 
+    tag = _build_tag()
     out: list[dict[str, Any]] = []
     for endpoint in endpoints:
         try:
-            info = probe(endpoint)
+            info = probe(endpoint, build_tag=tag)
         except WorkerError as exc:
             out.append({"endpoint": str(endpoint), "error": exc.message, "hint": exc.hint})
             continue
@@ -267,6 +268,15 @@ def worker_facts(endpoints: Iterable[Any]) -> list[dict[str, Any]]:
             }
         )
     return out
+
+
+def _build_tag() -> int | None:
+    try:
+        from specchat.llama.rpc import build_tag
+
+        return build_tag()
+    except Exception:  # a llama.cpp that will not load: the workers are still asked
+        return None
 
 
 def _has_rpc() -> bool:

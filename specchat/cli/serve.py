@@ -233,10 +233,12 @@ class _Models:
     def revive(self) -> tuple[LoadedEngine, PromptCache]:
         """Every RPC worker answering again: the models loaded anew (WorkerError, and nothing
         closed, while one does not answer)."""
+        from ..llama.rpc import build_tag
         from ..llama.rpc_wire import parse_endpoints, probe
 
+        tag = None if self.cfg.force else build_tag()
         for endpoint in parse_endpoints(",".join(self.cfg.rpc)):
-            probe(endpoint, timeout=REVIVE_PROBE_SECONDS)
+            probe(endpoint, timeout=REVIVE_PROBE_SECONDS, build_tag=tag)
         self.err.print("[dim]every RPC worker answers again: loading the models anew…[/]", highlight=False)
         self.loaded.close()  # frees the lost worker's buffers: ggml-rpc then connects anew
         self.loaded = load_models(self.cfg, self.err, quiet=True)

@@ -77,6 +77,7 @@ def worker(
     names = [n.strip() for given in device or () for n in given.split(",") if n.strip()]
     endpoint = Endpoint(host, port)
     devices = rpc_worker.limit_memory(rpc_worker.choose_devices(names), mem)
+    rpc_worker.tag_build()  # clients of this build know it by this tag (llama/rpc.py build_tag)
     rpc_worker.check_address(endpoint)
     out, err = out_console(), err_console()
     if not rpc_worker.is_loopback(host):

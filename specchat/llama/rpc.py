@@ -39,6 +39,24 @@ def rpc_supported() -> bool:
     return lib is not None and hasattr(lib, "ggml_backend_rpc_add_server")
 
 
+def build_tag() -> int | None:
+    """This build's tag for its RPC workers: a byte of the patch queue's hash (1..255), which `specchat
+    worker` answers HELLO with as its patch version (patch 0009's ggml_backend_rpc_set_server_build_tag)
+    and `--rpc` expects. A worker of another build -- another specchat, another queue, llama.cpp's own
+    ggml-rpc-server (which answers 0) -- computes with other kernels, so the split would part from the
+    one-machine output. None on a build that cannot tag (stock, or a queue without the patch)."""
+    from .build import installed_queue
+
+    queue = installed_queue()
+    lib = ggml_lib()
+    if not queue or lib is None or not hasattr(lib, "ggml_backend_rpc_set_server_build_tag"):
+        return None
+    try:
+        return 1 + int(queue[:8], 16) % 255
+    except ValueError:
+        return None
+
+
 def require_rpc(what: str) -> ctypes.CDLL:
     """The library with ggml-rpc, or one line saying the build has none."""
     lib = ggml_lib()

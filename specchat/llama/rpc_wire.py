@@ -115,8 +115,13 @@ def _call(sock: socket.socket, cmd: int, payload: bytes, reply_size: int) -> byt
     return _recv_exact(sock, size)
 
 
-def probe(endpoint: Endpoint, *, timeout: float = PROBE_TIMEOUT) -> WorkerInfo:
-    """Ask a worker its version and devices; `WorkerError` with one line when it cannot be used."""
+def probe(endpoint: Endpoint, *, timeout: float = PROBE_TIMEOUT, build_tag: int | None = None) -> WorkerInfo:
+    """Ask a worker its version and devices; `WorkerError` with one line when it cannot be used.
+
+    `build_tag`: this build's tag (rpc.build_tag), which a `specchat worker` of the same build answers
+    HELLO with as its patch version; a worker answering another one runs another build (another
+    specchat, another patch queue, or llama.cpp's own ggml-rpc-server) and is refused. None: not
+    compared."""
     try:
         sock = socket.create_connection((endpoint.host, endpoint.port), timeout=timeout)
     except OSError as exc:
@@ -135,6 +140,14 @@ def probe(endpoint: Endpoint, *, timeout: float = PROBE_TIMEOUT) -> WorkerInfo:
                     f"the RPC worker {endpoint} speaks RPC protocol {'.'.join(map(str, version))}, this "
                     f"build speaks {PROTO_MAJOR}.{PROTO_MINOR}",
                     "run `specchat worker` from the same specchat and llama.cpp build on both machines",
+                )
+            if build_tag is not None and version[2] != build_tag:
+                raise WorkerError(
+                    f"the RPC worker {endpoint} runs another llama.cpp build than this one (its tag "
+                    f"{version[2]}, here {build_tag}), so the layers it computes would not round as "
+                    "this build's do",
+                    "run `specchat worker` there from the same specchat, installed with `make install` "
+                    "(or give --force to use it anyway)",
                 )
             (count,) = struct.unpack("<I", _call(sock, CMD_DEVICE_COUNT, b"", 4))
             memory = tuple(

@@ -140,6 +140,21 @@ def limit_memory(devices: Sequence[WorkerDevice], mib: int | None) -> list[Worke
     ]
 
 
+def tag_build() -> int | None:
+    """Answer HELLO with this build's tag as the protocol's patch version (rpc.build_tag), so a client of
+    the same build knows the worker computes as it does; nothing on a build that cannot tag."""
+    from .rpc import build_tag
+
+    tag = build_tag()
+    lib = ggml_lib()
+    if tag is None or lib is None:
+        return None
+    fn = lib.ggml_backend_rpc_set_server_build_tag
+    fn.restype, fn.argtypes = None, [ctypes.c_uint8]
+    fn(tag)
+    return tag
+
+
 def start(endpoint: Endpoint, devices: Sequence[WorkerDevice], threads: int) -> threading.Thread:
     """Start serving `devices` on `endpoint` on a daemon thread (the call blocks for as long as it
     serves; ctypes releases the GIL meanwhile). The thread ends only if the server could not start."""

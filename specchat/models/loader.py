@@ -217,7 +217,7 @@ def load(
 
     ident = build_identity()  # the installed build: refused if recorded bad, keys the calibration below
     refuse_known_bad(ident)
-    workers = _probe_workers(cfg.rpc)  # an unusable worker is one line, before anything is loaded
+    workers = _probe_workers(cfg.rpc, same_build=not cfg.force)  # an unusable worker: one line, first
     stock = build_warning(ident)  # a stock llama-cpp-python: said once, with how to get the patched one
     free = {
         spec: registry.make(spec) for spec in cfg.drafts if registry.is_model_free(spec)
@@ -383,16 +383,18 @@ def _target_head(
     return MtpHead(target, verbose=cfg.verbose)
 
 
-def _probe_workers(endpoints: Sequence[str]) -> list[WorkerInfo]:
+def _probe_workers(endpoints: Sequence[str], *, same_build: bool = True) -> list[WorkerInfo]:
     """Each --rpc worker asked for its version and memory (llama/rpc_wire.py), on a build that has
-    the RPC backend: one line for the first that cannot be used. Empty without --rpc."""
+    the RPC backend: one line for the first that cannot be used. Empty without --rpc. `same_build`:
+    a worker of another build is refused too (--force lets it compute)."""
     if not endpoints:
         return []
-    from ..llama.rpc import require_rpc
+    from ..llama.rpc import build_tag, require_rpc
     from ..llama.rpc_wire import parse_endpoints, probe
 
     require_rpc("--rpc")
-    return [probe(e) for e in parse_endpoints(",".join(endpoints))]
+    tag = build_tag() if same_build else None
+    return [probe(e, build_tag=tag) for e in parse_endpoints(",".join(endpoints))]
 
 
 def _split(workers: Sequence[WorkerInfo], info: Any, gpu_layers: int | None) -> Split:
