@@ -71,6 +71,14 @@ def run_specchat(target: str, prompt: str, n: int, extra: list[str]) -> tuple[fl
     return float(doc["stats"]["tokens_per_second"]), list(doc["tokens"]), doc["stats"]
 
 
+def cost_model(target: str, extra: list[str]) -> list[str]:
+    """`run --verbose`'s cost-model lines (calibration through the workers for a split target)."""
+    argv = [sys.executable, "-m", "specchat", "run", target, "--raw", "--temp", "0", "-n", "4", "-t", "2",
+            "-c", "4096", "--verbose", "-p", "hello", *extra]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT)
+    return [ln.strip() for ln in done.stderr.splitlines() if ln.strip().startswith("cost model")]
+
+
 def start_worker(port: int) -> subprocess.Popen[str]:
     argv = [sys.executable, "-m", "specchat", "worker", "--port", str(port), "--threads", "2"]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
@@ -132,9 +140,14 @@ def main() -> None:
     speeds: dict[str, list[float]] = {name: [] for name in configs}
     equal: dict[str, bool] = {name: True for name in configs}
     accept: dict[str, list[float]] = {name: [] for name in configs}
+    per_pass: dict[str, list[float]] = {name: [] for name in configs}
     worker = start_worker(wport)
     try:
         with latency_proxy(pport, direct, args.delay_ms):
+            # the verify curve the planner drafts by, on one machine, over loopback and through the proxy
+            for name in ("specchat default", "specchat split default", "specchat proxy default"):
+                if name in configs:
+                    print(f"{name}: " + "; ".join(cost_model(args.target, configs[name][1])), flush=True)
             for rep in range(args.repeats):
                 for pname, text in items:
                     reference: list[int] | None = None
@@ -145,6 +158,7 @@ def main() -> None:
                                 reference = tokens
                             equal[name] &= tokens == reference
                             accept[name].append(float(stats.get("acceptance_rate") or 0.0))
+                            per_pass[name].append(float(stats.get("tokens_per_pass") or 1.0))
                         else:
                             tps, _tokens, stats = run_llama(args.bin_dir, args.target, text, args.n, extra)
                             if stats.get("draft_n"):
@@ -170,10 +184,13 @@ def main() -> None:
         ratio = med[name] / med[base]
         acc = statistics.mean(accept[name]) if accept[name] else 0.0
         same = ("equal" if equal[name] else "DIFFERS") if configs[name][0] == "specchat" else ""
+        tpp = statistics.mean(per_pass[name]) if per_pass[name] else 0.0
         rows.append(
-            {"config": name, "tok_s": med[name], "vs_own_plain": ratio, "acceptance": acc, "output": same}
-        )
-        print(f"  {name:36} {med[name]:7.2f} tok/s  {ratio:5.2f}x its plain  accept {acc:4.0%}  {same}")
+            {"config": name, "tok_s": med[name], "vs_own_plain": ratio, "acceptance": acc, "output": same,
+             "tokens_per_pass": tpp}
+        )  # fmt: skip
+        print(f"  {name:36} {med[name]:7.2f} tok/s  {ratio:5.2f}x its plain  accept {acc:4.0%}  "
+              f"{tpp:4.2f} tok/pass  {same}")  # fmt: skip
     best_llama = max((r for r in rows if r["config"].startswith("llama-server")), key=lambda r: r["tok_s"])
     ours = med["specchat proxy default"]
     print(f"\nspecchat default through the proxy / llama-server's best ({best_llama['config']}): "
