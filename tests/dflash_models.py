@@ -41,7 +41,7 @@ real GGUF:
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -303,7 +303,7 @@ def _fc(z: Noise, d: int, d_in: int) -> np.ndarray:
     return fc
 
 
-def _mat(z: Noise, name: str, n_out: int, n_in: int, gain: float = 1.0):  # noqa: ANN202
+def _mat(z: Noise, name: str, n_out: int, n_in: int, gain: float = 1.0) -> Callable[[], np.ndarray]:
     return lambda: z.mat(name, n_out, n_in, gain)
 
 
