@@ -13,7 +13,7 @@ The files: a planted Qwen3 target and its DFlash drafter (tests/dflash_models.py
 ~/.cache/specchat-dev/dflash, written with
 
     python -m tests.dflash_models ~/.cache/specchat-dev/dflash \\
-        --vocab-from ~/.cache/specchat-dev/models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf --noise 2.4
+        --vocab-from ~/.cache/specchat-dev/models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf
 
 Usage:
   python tests/perf/dflash_vs_llama.py LLAMA_BIN_DIR [--target T --drafter D] [-n 200] [--repeats 2]
