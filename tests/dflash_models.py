@@ -192,9 +192,19 @@ def write_dflash(
     noise: float = 0.3,
     qtype: QType = "f32",
     arch: str = DFLASH_ARCH,
+    dspark: bool = False,
+    sample_from_anchor: bool = True,
+    markov_rank: int = 32,
+    markov_gain: float = 8.0,
     name: str | None = None,
 ) -> Path:
     """The DFlash drafter of a `write_qwen3` target of shape `target` (same family).
+
+    `dspark` makes it a DSpark drafter: a Markov head (`markov_w1`, `markov_w2` of rank
+    `markov_rank`) that adds `markov_gain` to the logit of succ[prev] at each position, prev being
+    the token argmax chose at the position before (the anchor at the first), and, anchor-first
+    (`sample_from_anchor`, DSpark's default layout), every slot shifted one on: slot i guesses the
+    token i + 1 after the anchor, slot 0 included.
 
     `focus` sets the q/k norm weights (the anchor's score at its own head is sqrt(head_dim) *
     focus^2), `gain` how loudly the rule's heads write into the residual stream, `noise` the other
@@ -228,8 +238,10 @@ def write_dflash(
         wk[h * hd : (h + 1) * hd, 1] = c
     wv = z.mat("rule_v", nh * hd, d)
     wv[:, :2] = 0.0
+    shift = 1 if dspark and sample_from_anchor else 0  # slot i guesses the token i + shift on
+    heads = range(1 - shift, s.block_size)  # the slots that are read, one head each
     wo = np.zeros((d, nh * hd), dtype=np.float32)
-    for h in range(1, s.block_size):
+    for h in heads:
         wo[2:, h * hd : (h + 1) * hd] = z.mat(f"rule_o{h}", d - 2, hd, gain)
     peak = np.sqrt(hd) * focus * focus
     sinks = np.full(nh, peak / 2, dtype=np.float32)
@@ -240,8 +252,8 @@ def write_dflash(
         v = xn @ wv.T  # every token's value at every head: (n, nh * hd)
         succ = fam.succ()
         out = np.zeros((n, d), dtype=np.float32)
-        chain = np.arange(n)  # chain[v] = succ^h[v]
-        for h in range(1, s.block_size):
+        chain = np.arange(n)  # chain[v] = succ^(h + shift)[v] (heads start at 1 - shift)
+        for h in heads:
             chain = np.where(chain >= 0, succ[np.maximum(chain, 0)], -1)
             carried = v[:, h * hd : (h + 1) * hd] @ wo[:, h * hd : (h + 1) * hd].T
             out += planted_output(carried, chain, fam.logit_scale)
@@ -256,6 +268,8 @@ def write_dflash(
         norm_spec(z, "output_norm.weight", d, spread=0.0),
         Spec("output.weight", (n, d), output),
     ]
+    if dspark:
+        specs += _markov_specs(z, fam, markov_rank, markov_gain)
     for il in range(s.n_layer):
         p = f"blk.{il}."
         rule = il == 0
@@ -292,11 +306,32 @@ def write_dflash(
         w.add_array(f"{arch}.target_layers", [int(i) for i in target_layers])
         w.add_uint32(f"{arch}.block_size", s.block_size)
         w.add_uint32(gguf.Keys.Tokenizer.MASK_ID, mask)
+        if dspark:
+            w.add_bool(f"{arch}.sample_from_anchor", sample_from_anchor)
+            w.add_bool(f"{arch}.has_confidence_head", False)
 
     header = Header(
         arch, name or f"planted-dflash-{s.n_layer}x{d}-b{s.block_size}-s{seed}", fam.vocab, hparams
     )
     return write_gguf(path, header, specs, qtype)
+
+
+def _markov_specs(z: Noise, fam: Family, rank: int, gain: float) -> list[Spec]:
+    """DSpark's Markov head carrying the rule: w1[v] a random vector of norm ~sqrt(rank), w2[t] =
+    gain / rank * w1[pred t], so the bias w2 . w1[prev] is ~gain at succ[prev] and noise elsewhere."""
+    n = fam.vocab.n_vocab
+
+    def w1() -> np.ndarray:
+        return z.rng("markov_w1").standard_normal((n, rank), dtype=np.float32)
+
+    def w2() -> np.ndarray:
+        succ = fam.succ()
+        out = np.zeros((n, rank), dtype=np.float32)
+        src = np.flatnonzero(succ >= 0)
+        out[succ[src]] = w1()[src] * np.float32(gain / rank)
+        return out
+
+    return [Spec("markov_w1.weight", (n, rank), w1), Spec("markov_w2.weight", (n, rank), w2)]
 
 
 def _fc(z: Noise, d: int, d_in: int) -> np.ndarray:
@@ -309,6 +344,12 @@ def _fc(z: Noise, d: int, d_in: int) -> np.ndarray:
 
 def _mat(z: Noise, name: str, n_out: int, n_in: int, gain: float = 1.0) -> Callable[[], np.ndarray]:
     return lambda: z.mat(name, n_out, n_in, gain)
+
+
+@pytest.fixture(scope="session")
+def dspark_drafter(dflash_pair: tuple[Path, Path]) -> Path:
+    """A DSpark drafter (anchor-first, with a Markov head) for `dflash_pair`'s target."""
+    return write_dflash(dflash_pair[1].parent / "dspark-qwen3.gguf", dspark=True)
 
 
 @pytest.fixture(scope="session")

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from specchat.cli import app
 from specchat.decoding.block import BlockDrafter
-from specchat.decoding.registry import DFLASH, EAGLE3
+from specchat.decoding.registry import DFLASH, DSPARK, EAGLE3
 from specchat.decoding.sampling import probs
 from specchat.decoding.settings import SamplingParams
 from specchat.errors import IncompatiblePair, ModelFileError
@@ -51,6 +51,21 @@ def test_blocks_are_partly_accepted_and_the_text_is_the_targets(dflash_pair: tup
     # one pass proposes several tokens, and later positions of a block are accepted too
     assert stats["tokens_per_pass"] > 2
     assert stats["accepted_by_position"][3] > 0
+
+
+def test_a_dspark_drafter_fills_its_whole_block(dflash_pair: tuple[Path, Path], dspark_drafter: Path) -> None:
+    """DSpark's anchor-first layout: row 0 of a block is already a guess, so a block of block_size
+    rows proposes block_size tokens (DFlash's proposes one fewer), and its Markov head carries each
+    position on from the token before."""
+    target, _ = dflash_pair
+    spec = run_json(
+        str(target), "--draft", f"{DSPARK}:model={dspark_drafter}", "-k", "8", "--draft-p-min", "0"
+    )
+    assert spec["tokens"] == run_json(str(target), "--no-draft")["tokens"]
+    stats = spec["stats"]
+    assert [d["name"] for d in stats["drafters"]] == [DSPARK]
+    assert stats["drafted"] > 20 and stats["accepted"] > 0.5 * stats["drafted"]
+    assert len(stats["drafted_by_position"]) == 8 and stats["accepted_by_position"][7] > 0
 
 
 def test_sampling_with_a_block_drafter(dflash_pair: tuple[Path, Path]) -> None:
@@ -104,7 +119,7 @@ class _FixedBlock:
     """A block model whose every block has the same rows (the drafter's reading of them is tested)."""
 
     name = "fixed"
-    block_size = 4
+    max_drafts = 3
     n_ctx = 64
     injected: Sequence[int] = ()
 
@@ -176,6 +191,17 @@ def test_a_drafter_that_does_not_fit_is_one_clear_line(
     assert "width 128) does not fit" in _refused(t, "--draft", f"{DFLASH}:model={thin}")
     qwen2 = write_qwen2(tmp_path / "qwen2.gguf")
     assert "no layer inputs of qwen2 models" in _refused(str(qwen2), "--draft", f"{DFLASH}:model={drafter}")
+
+
+def test_dflash_and_dspark_files_are_told_apart(dflash_pair: tuple[Path, Path], dspark_drafter: Path) -> None:
+    """Their blocks are laid out differently, so each is run only under its own name."""
+    target, drafter = dflash_pair
+    t = str(target)
+    wrong = _refused(t, "--draft", f"{DFLASH}:model={dspark_drafter}")
+    assert "is a DSpark drafter (a Markov head)" in wrong and f"--draft {DSPARK}:model=" in wrong
+    wrong = _refused(t, "--draft", f"{DSPARK}:model={drafter}")
+    assert "is a DFlash drafter without a Markov head" in wrong and f"--draft {DFLASH}:model=" in wrong
+    assert "no DSpark drafter is known for" in _refused(t, "--draft", DSPARK)
 
 
 def test_asking_for_a_drafter_wrongly_is_one_clear_line(dflash_pair: tuple[Path, Path]) -> None:

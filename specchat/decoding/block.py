@@ -29,8 +29,8 @@ class BlockModel(Protocol):
     """What a block drafter runs: one pass gives the logits of the next n tokens."""
 
     name: str
-    #: the longest block it proposes, the committed token included (n < block_size)
-    block_size: int
+    #: the most tokens one block proposes
+    max_drafts: int
 
     @property
     def n_ctx(self) -> int: ...
@@ -89,7 +89,7 @@ class BlockDrafter:
     ) -> Proposal:
         start = time.perf_counter()
         out = Proposal(q=None if params.greedy else [])
-        k = min(k, self._block.block_size - 1, self._block.n_ctx - len(context))
+        k = min(k, self._block.max_drafts, self._block.n_ctx - len(context))
         if k <= 0:
             return out
         rows = self._block.block(context, k)

@@ -17,9 +17,13 @@ output, row i's logits are the guess for the token at n-1+i, and the block's own
 again. Rows injected for text the target has since taken back are removed before the next block;
 rollback is attention only.
 
-What is not run here: DFlash2 files (a top-k path selector, `selector_*` tensors) and DSpark files
-(a Markov head, `markov_*` tensors): both are refused with one line (models/heads.py reads the
-header before anything is loaded).
+DSpark (llama.cpp's `draft-dspark`) is the same architecture with a Markov head (`markov_w1`,
+`markov_w2`): inside the graph each position's logits are biased by the token argmax chose at the
+position before, so later positions decay less. Its files say where the block starts
+(`dflash.sample_from_anchor`, true where absent): anchor-first, the block is [last token, mask x
+(n - 1)] and row i guesses the token at n + i (up to block_size tokens a pass); with a bonus anchor
+it is read as DFlash's. DFlash2 files (a top-k path selector, `selector_*` tensors) are not run:
+models/heads.py refuses them from the header before anything is loaded.
 """
 
 from __future__ import annotations
@@ -44,18 +48,23 @@ from .log import quiet_stderr
 DFLASH_ARCH = "dflash"
 #: the block size llama.cpp assumes where a file names none (common/speculative.cpp)
 DEFAULT_BLOCK_SIZE = 16
-#: tensors of the DFlash variants this drafter does not run: DFlash2's selector, DSpark's Markov head
-UNSUPPORTED_TENSORS = {"selector_hidden.weight": "DFlash2", "markov_w1.weight": "DSpark"}
+#: the tensor of DFlash2's path selector, a variant this drafter does not run
+SELECTOR_TENSOR = "selector_hidden.weight"
+#: the tensor of DSpark's Markov head (`--draft dspark`)
+MARKOV_TENSOR = "markov_w1.weight"
 
 
 class DFlashBlock:
     """The DFlash drafter in `path`, drafting for `target`: `block(context, n)` gives the logits of
-    the n tokens after `context`. Everything llama.cpp would assert on is checked first."""
+    the n tokens after `context`. Everything llama.cpp would assert on is checked first. `dspark`:
+    the file is a DSpark drafter (a Markov head), read with its block layout."""
 
-    def __init__(self, target: LlamaModel, path: Path, *, verbose: bool = False) -> None:
+    def __init__(
+        self, target: LlamaModel, path: Path, *, dspark: bool = False, verbose: bool = False
+    ) -> None:
         self.target = target
         self.path = Path(path)
-        self.name = "dflash"
+        self.name = "dspark" if dspark else "dflash"
         calls = layer_input_calls("a DFlash drafter")
         model = load_model_file(self.path, target.gpu_layers, verbose=verbose)
         if model is None:
@@ -71,6 +80,10 @@ class DFlashBlock:
         try:
             self._layers = _checked_layers(calls, model, target, self.path)
             self.block_size = _block_size(model)
+            #: anchor-first (DSpark's default): row 0 of a block is already a guess
+            self.anchor_first = dspark and model_meta(model, f"{DFLASH_ARCH}.sample_from_anchor") != "false"
+            #: the most tokens one block proposes
+            self.max_drafts = self.block_size if self.anchor_first else self.block_size - 1
             self.mask = int(llama_cpp.llama_vocab_mask(llama_cpp.llama_model_get_vocab(model)))
             if not 0 <= self.mask < target.n_vocab:
                 raise ModelFileError(
@@ -185,9 +198,10 @@ class DFlashBlock:
         self._injected.extend(int(t) for t in text[lo:hi])
 
     def block(self, context: Sequence[int], n: int) -> np.ndarray:
-        """The drafter's logits for the `n` tokens after `context` (n < block_size), one pass: the
-        block [last token, mask x n] after the cache is synced; the block leaves nothing behind."""
-        n = max(0, min(n, self.block_size - 1))
+        """The drafter's logits for the `n` tokens after `context` (n <= max_drafts), one pass: the
+        block [last token, mask x n] (anchor-first: mask x (n - 1)) after the cache is synced; the
+        block leaves nothing behind."""
+        n = max(0, min(n, self.max_drafts))
         out = np.zeros((n, self.n_vocab), dtype=np.float32)
         if n == 0 or not context:
             return out
@@ -195,7 +209,8 @@ class DFlashBlock:
         first = len(context) - 1
         b = self._batch
         llama_cpp.llama_batch_ext_clear(b)
-        for i in range(n + 1):
+        skip = 0 if self.anchor_first else 1  # the rows before the first guess
+        for i in range(n + skip):
             token = int(context[-1]) if i == 0 else self.mask
             idx = int(llama_cpp.llama_batch_ext_add_token(b, 0, token))
             if idx < 0:
@@ -208,7 +223,7 @@ class DFlashBlock:
             if rc != 0:
                 raise EngineError(f"llama.cpp's DFlash block decode failed with code {rc}")
             for i in range(n):
-                logits = llama_cpp.llama_get_logits_ith(self._ctx, i + 1)
+                logits = llama_cpp.llama_get_logits_ith(self._ctx, i + skip)
                 out[i] = np.ctypeslib.as_array(logits, shape=(self.n_vocab,))
         finally:
             llama_cpp.llama_memory_seq_rm(self._mem, 0, first, -1)

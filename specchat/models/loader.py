@@ -251,8 +251,8 @@ def load(
     infos = {spec: read_gguf(p) for spec, p in paths.items()}  # not-a-GGUF / truncated: one clear line
     if head_kind == registry.EAGLE3 and head_file is not None:
         check_eagle3_file(infos[head_file], infos[cfg.target])  # before the target's load, not after
-    if head_kind == registry.DFLASH and head_file is not None:
-        check_dflash_file(infos[head_file], infos[cfg.target])
+    if head_kind in registry.BLOCK_DRAFTERS and head_file is not None:
+        check_dflash_file(infos[head_file], infos[cfg.target], dspark=head_kind == registry.DSPARK)
     _fit_check(cfg, paths, infos, workers)
     note(f"loading {paths[cfg.target].name}")
     on_cpu = cfg.gpu_layers == 0 or not supports_gpu_offload()
@@ -315,7 +315,7 @@ def load(
                 out.heads.append(head)
                 out.drafters.append(
                     BlockDrafter(head, p_min=cfg.p_min)  # type: ignore[arg-type]
-                    if registry.split(spec)[0] == registry.DFLASH
+                    if registry.split(spec)[0] in registry.BLOCK_DRAFTERS
                     else HeadDrafter(head, p_min=cfg.p_min)  # type: ignore[arg-type]
                 )
                 continue
@@ -357,16 +357,16 @@ def load(
 def _target_head(
     target: LlamaModel, cfg: LoadConfig, spec: str, file: Path | None
 ) -> MtpHead | AssistantHead | Eagle3Head | DFlashBlock:
-    """The drafter that reads the target for `--draft spec`: a DFlash drafter for `dflash`, an EAGLE-3
-    head for `eagle3`; for `mtp` the
-    target's assistant file where it has one, else its NextN layers (a clear error where it has
-    neither)."""
+    """The drafter that reads the target for `--draft spec`: a block drafter for `dflash` and
+    `dspark`, an EAGLE-3 head for `eagle3`; for `mtp` the target's assistant file where it has one,
+    else its NextN layers (a clear error where it has neither)."""
     from ..llama.dflash import DFlashBlock
     from ..llama.eagle3 import Eagle3Head
     from ..llama.mtp import AssistantHead, MtpHead
 
-    if registry.split(spec)[0] == registry.DFLASH and file is not None:
-        return DFlashBlock(target, file, verbose=cfg.verbose)
+    kind = registry.split(spec)[0]
+    if kind in registry.BLOCK_DRAFTERS and file is not None:
+        return DFlashBlock(target, file, dspark=kind == registry.DSPARK, verbose=cfg.verbose)
     if registry.split(spec)[0] == registry.EAGLE3 and file is not None:
         return Eagle3Head(target, file, verbose=cfg.verbose)
     if file is not None:
