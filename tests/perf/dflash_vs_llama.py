@@ -37,16 +37,17 @@ from hybrid_vs_llama import prompt_text, run_llama, run_specchat  # noqa: E402
 MODELS = Path.home() / ".cache" / "specchat-dev" / "dflash"
 
 
-def configs(drafter: str, n_max: list[int]) -> dict[str, tuple[str, list[str]]]:
-    """name -> ("specchat" | "llama", extra arguments)."""
-    out: dict[str, tuple[str, list[str]]] = {
-        "specchat plain": ("specchat", ["--no-draft"]),
-        "llama plain": ("llama", []),
+def configs(drafter: str, n_max: list[int]) -> dict[str, tuple[str, list[str], int | None]]:
+    """name -> ("specchat" | "llama", extra arguments, drafts per round)."""
+    out: dict[str, tuple[str, list[str], int | None]] = {
+        "specchat plain": ("specchat", ["--no-draft"], None),
+        "llama plain": ("llama", [], None),
     }
     for n in n_max:
         out[f"specchat dflash -k {n}"] = (
             "specchat",
             ["--draft", f"dflash:model={drafter}", "-k", str(n), "--draft-p-min", "0"],
+            n,
         )
         out[f"llama draft-dflash n{n}"] = (
             "llama",
@@ -60,20 +61,27 @@ def configs(drafter: str, n_max: list[int]) -> dict[str, tuple[str, list[str]]]:
                 "--spec-draft-p-min",
                 "0",
             ],
+            n,
         )
     return out
 
 
-def acceptance(kind: str, stats: dict) -> str:
+def acceptance(kind: str, stats: dict, n: int, n_max: int | None) -> str:
+    """What each side says of its drafts. They count differently: specchat's `drafted` stops at the
+    first rejected token of a round (the tokens after it are never judged), llama-server's counts
+    every drafted token; tokens per target pass compares them (llama-server's estimated as `n`
+    over its rounds, each of which drafts n-max tokens with --spec-draft-p-min 0)."""
     if kind == "specchat":
         if not stats.get("drafted"):
             return ""
         return (
-            f"accepted {stats['accepted']}/{stats['drafted']} ({stats['accepted'] / stats['drafted']:.0%}), "
+            f"accepted {stats['accepted']} of {stats['drafted']} judged, "
             f"{stats['tokens_per_pass']:.2f} tokens/pass"
         )
     drafted, accepted = stats.get("draft_n"), stats.get("draft_n_accepted")
-    return f"accepted {accepted}/{drafted} ({accepted / drafted:.0%})" if drafted else ""
+    if not drafted or not n_max:
+        return ""
+    return f"accepted {accepted} of {drafted} drafted, ~{n / (drafted / n_max):.2f} tokens/pass"
 
 
 def main() -> int:
@@ -95,7 +103,7 @@ def main() -> int:
     outputs: dict[str, list[int]] = {}
     stats: dict[str, dict] = {}
     for _ in range(args.repeats):
-        for cfg, (kind, extra) in cfgs.items():
+        for cfg, (kind, extra, n_max) in cfgs.items():
             if kind == "specchat":
                 tps, toks, st = run_specchat(target, prompt, args.n, extra)
             else:
@@ -103,17 +111,18 @@ def main() -> int:
             speeds[cfg].append(tps)
             outputs.setdefault(cfg, toks)
             stats[cfg] = st
-            print(f"{cfg}: {tps:.2f} tok/s {acceptance(kind, st)}", flush=True)
+            print(f"{cfg}: {tps:.2f} tok/s {acceptance(kind, st, args.n, n_max)}", flush=True)
     base = statistics.median(speeds["specchat plain"])
     plain_out = outputs["specchat plain"]
     print(f"\n~{args.prompt_tokens}-token prompt, {args.n} tokens, greedy, medians of {args.repeats}:")
     results = []
     for cfg, v in speeds.items():
         med = statistics.median(v)
-        kind = cfgs[cfg][0]
+        kind, _, n_max = cfgs[cfg]
         same = outputs[cfg] == plain_out if outputs[cfg] else None
         mark = "" if same is None else (" same" if same else " DIFFERS")
-        print(f"  {cfg:26s} {med:8.2f} tok/s  {med / base:5.2f}x{mark}  {acceptance(kind, stats[cfg])}")
+        said = acceptance(kind, stats[cfg], args.n, n_max)
+        print(f"  {cfg:26s} {med:8.2f} tok/s  {med / base:5.2f}x{mark}  {said}")
         results.append({"config": cfg, "median": med, "ratio": med / base, "runs": v, "equal_plain": same,
                         "stats": stats[cfg]})  # fmt: skip
     if args.json:
