@@ -18,6 +18,7 @@ from ..decoding.drafters import Drafter, HeadDrafter, ModelDrafter
 from ..decoding.settings import CTX_SIZE
 from ..errors import BadInput, ContextFull, ModelFileError
 from ..llama.devices import supports_gpu_offload
+from ..llama.dflash import DFlashBlock
 from ..llama.engine import GGML_TYPE_BF16, LlamaModel, LoadOptions
 from ..llama.rollback import TARGET_SNAPSHOTS
 from ..llama.template import render_chat
@@ -30,7 +31,6 @@ from .registry import ModelRef
 if TYPE_CHECKING:
     from ..decoding.constraint import GrammarSpec
     from ..decoding.loop import Planner
-    from ..llama.dflash import DFlashBlock
     from ..llama.eagle3 import Eagle3Head
     from ..llama.grammar import Grammar
     from ..llama.mtp import AssistantHead, MtpHead
@@ -314,9 +314,9 @@ def load(
                 head = _target_head(target, cfg, spec, paths[head_file] if head_file is not None else None)
                 out.heads.append(head)
                 out.drafters.append(
-                    BlockDrafter(head, p_min=cfg.p_min)  # type: ignore[arg-type]
-                    if registry.split(spec)[0] in registry.BLOCK_DRAFTERS
-                    else HeadDrafter(head, p_min=cfg.p_min)  # type: ignore[arg-type]
+                    BlockDrafter(head, p_min=cfg.p_min)
+                    if isinstance(head, DFlashBlock)
+                    else HeadDrafter(head, p_min=cfg.p_min)
                 )
                 continue
             note(f"loading draft {paths[spec].name}")
@@ -360,7 +360,6 @@ def _target_head(
     """The drafter that reads the target for `--draft spec`: a block drafter for `dflash` and
     `dspark`, an EAGLE-3 head for `eagle3`; for `mtp` the target's assistant file where it has one,
     else its NextN layers (a clear error where it has neither)."""
-    from ..llama.dflash import DFlashBlock
     from ..llama.eagle3 import Eagle3Head
     from ..llama.mtp import AssistantHead, MtpHead
 
