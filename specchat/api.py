@@ -182,9 +182,10 @@ def load(
     ORG/REPO:QUANT) and its drafters, as `specchat run` does.
 
     `draft`: a draft model (same forms), a model-free drafter (`"ngram"`, `"ngram:max_n=12"`) or a
-    head that reads the target (`"mtp"`, `"eagle3:head=PATH"`), or several; None: the target's
-    recommended draft model, its head if it has one and the default model-free drafters; `()`: none
-    (plain decoding). `k`: draft tokens per round, None for the cost model's choice.
+    drafter that reads the target (`"mtp"`, `"eagle3:head=PATH"`, `"dflash:model=PATH"`), or
+    several; None: the target's recommended draft model, its head if it has one and the default
+    model-free drafters; `()`: none (plain decoding). `k`: draft tokens per round, None for the
+    cost model's choice.
     `chat_template_kwargs`: extra variables for the chat template in every answer, as `run`'s
     --chat-template-kwargs (e.g. `{"enable_thinking": False}`). The other keywords are `run`'s
     options; `**sampling` the sampling settings' defaults for every answer.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from .dflash_models import dflash_pair, dspark_drafter  # noqa: F401  (re-exported fixtures)
 from .eagle3_models import eagle3_pair  # noqa: F401  (re-exported fixtures)
 from .hybrid_models import (  # noqa: F401  (re-exported fixtures)
     gemma4_pair,

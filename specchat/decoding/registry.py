@@ -130,8 +130,18 @@ MTP_HELP = "the model's own multi-token-prediction head, where its GGUF has one"
 #: so the loader builds it with the target too (llama/eagle3.py)
 EAGLE3 = "eagle3"
 EAGLE3_HELP = "an EAGLE-3 head trained for the model: eagle3:head=PATH, or found beside it"
+#: the name of a DFlash block drafter trained for the target (`dflash:model=PATH`, or a `dflash-*.gguf`
+#: beside the target): a file of its own that reads several of the target's layers and proposes a
+#: whole block in one pass, so the loader builds it with the target too (llama/dflash.py)
+DFLASH = "dflash"
+DFLASH_HELP = "a DFlash block drafter trained for the model: dflash:model=PATH, or found beside it"
+#: a DSpark drafter: a DFlash drafter with a Markov head (`dspark:model=PATH`, or a `dspark-*.gguf`)
+DSPARK = "dspark"
+DSPARK_HELP = "a DSpark block drafter (DFlash with a Markov head): dspark:model=PATH"
+#: the block drafters among them (llama/dflash.py)
+BLOCK_DRAFTERS = (DFLASH, DSPARK)
 #: the drafters that read the target's hidden states; a run has at most one of them
-TARGET_HEADS = (MTP, EAGLE3)
+TARGET_HEADS = (MTP, EAGLE3, *BLOCK_DRAFTERS)
 
 
 def is_target_head(spec: str) -> bool:
@@ -177,5 +187,10 @@ def defaults() -> tuple[str, ...]:
 def described() -> str:
     """The model-free drafters and the heads that read the target as `--draft`'s help names them:
     "`ngram` (prompt lookup: ...), ..."."""
-    heads = (f"`{MTP}` ({MTP_HELP})", f"`{EAGLE3}` ({EAGLE3_HELP})")
+    heads = (
+        f"`{MTP}` ({MTP_HELP})",
+        f"`{EAGLE3}` ({EAGLE3_HELP})",
+        f"`{DFLASH}` ({DFLASH_HELP})",
+        f"`{DSPARK}` ({DSPARK_HELP})",
+    )
     return ", ".join([*(f"`{m.name}` ({m.help})" for m in MODEL_FREE.values()), *heads])

@@ -135,15 +135,17 @@ _SIGNATURES: tuple[tuple[str, tuple[str, ...], list[Any], Any], ...] = (
 )
 
 
-def _calls() -> _Calls:
-    """The EAGLE-3 staging calls of the loaded libllama, by whichever of their names it exports."""
+def layer_input_calls(what: str = "an EAGLE-3 head") -> _Calls:
+    """The staging calls a drafter that reads the target's layer inputs needs (EAGLE-3, DFlash), from
+    the loaded libllama by whichever of their names it exports; `what` names the drafter in the
+    error where the build lacks one."""
     lib = llama_cpp.llama_cpp._lib
     bound: dict[str, Any] = {}
     for name, symbols, argtypes, restype in _SIGNATURES:
         func = next((getattr(lib, s) for s in symbols if hasattr(lib, s)), None)
         if func is None:
             raise EngineError(
-                f"this llama.cpp build exports no {symbols[0]}, which an EAGLE-3 head needs",
+                f"this llama.cpp build exports no {symbols[0]}, which {what} needs",
                 "install the pinned llama-cpp-python (`make install`), or draft with another --draft",
             )
         func.argtypes = argtypes
@@ -161,7 +163,7 @@ class Eagle3Head(CachedHead):
     outputs_first = True
 
     def __init__(self, target: LlamaModel, path: Path, *, verbose: bool = False) -> None:
-        calls = _calls()
+        calls = layer_input_calls()
         model = load_model_file(path, target.gpu_layers, verbose=verbose)
         if model is None:
             raise ModelFileError(

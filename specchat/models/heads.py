@@ -19,6 +19,7 @@ import numpy as np
 
 from ..decoding import registry as drafters
 from ..errors import BadInput, IncompatiblePair, ModelFileError
+from ..llama.dflash import DFLASH_ARCH, MARKOV_TENSOR, SELECTOR_TENSOR
 from ..llama.eagle3 import EAGLE3_ARCH, LAYER_INPUT_ARCHS, N_TARGET_LAYERS
 from .cache import cached_path
 from .gguf import GGUFInfo, read_gguf
@@ -114,11 +115,35 @@ def eagle3_spec(target: ModelRef, head_spec: str) -> str | None:
     return str(sibling) if sibling is not None else None
 
 
+def block_spec(target: ModelRef, head_spec: str) -> str | None:
+    """What to load as the target's block drafter for `--draft dflash[:model=PATH]` (or `dspark`): a
+    path, or a `dflash-*.gguf` (`dspark-*.gguf`) beside a local target, or None where none is known."""
+    name, _ = drafters.split(head_spec)
+    options = _options(head_spec, "model", f"{name}-MODEL.gguf")
+    if options.get("model"):
+        return options["model"]
+    path = cached_path(target)
+    if path is None:
+        return None
+    sibling = sibling_head(path, f"{name}-", DFLASH_ARCH)
+    return str(sibling) if sibling is not None else None
+
+
 def head_file_spec(target: ModelRef, head_spec: str) -> str | None:
     """The drafter file `--draft head_spec` loads beside the target (an MTP assistant, an EAGLE-3
-    head), or None where it runs on the target's own file (NextN layers). BadInput where an EAGLE-3
-    head is asked for and none is known."""
+    head, a DFlash drafter), or None where it runs on the target's own file (NextN layers). BadInput
+    where an EAGLE-3 head or a DFlash drafter is asked for and none is known."""
     name, _ = drafters.split(head_spec)
+    if name in drafters.BLOCK_DRAFTERS:
+        found = block_spec(target, head_spec)
+        if found is None:
+            what = "DSpark" if name == drafters.DSPARK else "DFlash"
+            raise BadInput(
+                f"no {what} drafter is known for {target.display}: give its file as "
+                f"--draft {name}:model=PATH",
+                f"a {name}-*.gguf beside the model is found too",
+            )
+        return found
     if name != drafters.EAGLE3:
         return assistant_spec(target, head_spec)
     spec = eagle3_spec(target, head_spec)
@@ -220,4 +245,48 @@ def _check_tables(head: GGUFInfo, target: GGUFInfo) -> None:
             f"the vocabulary map (d2t) of the EAGLE-3 head {name} is not {rows} token ids of "
             f"{target.path.name}'s {target.n_vocab}",
             "convert the head again with a current convert_hf_to_gguf.py",
+        )
+
+
+def check_dflash_file(drafter: GGUFInfo, target: GGUFInfo, *, dspark: bool = False) -> None:
+    """One clear line, before anything is loaded, for a DFlash drafter (`dspark`: a DSpark one)
+    llama.cpp could not run for this target (where llama.cpp would not refuse it but abort or draft
+    from the wrong rows): not a DFlash drafter, DFlash2 (its path selector is not run), a DSpark file
+    given as DFlash or the other way round (their blocks are laid out differently), one made for
+    another target's depth, width or vocabulary, or a target whose graph hands out no layer inputs."""
+    name = drafter.path.name
+    layers = drafter.arch_get("target_layers")
+    if drafter.architecture != DFLASH_ARCH or not isinstance(layers, list) or not layers:
+        raise ModelFileError(
+            f"{name} is no DFlash drafter (architecture {drafter.architecture or 'unknown'}, "
+            f"target layers {layers})",
+            "give the drafter's GGUF, converted with convert_hf_to_gguf.py --target-model-dir",
+        )
+    tensors = {t.name for t in drafter.tensors}
+    if SELECTOR_TENSOR in tensors:
+        raise ModelFileError(
+            f"{name} is a DFlash2 drafter ({SELECTOR_TENSOR}), which specchat does not run yet",
+            "use a DFlash or DSpark drafter, or llama-server --spec-type draft-dflash for this one",
+        )
+    if (MARKOV_TENSOR in tensors) != dspark:
+        has = "a DSpark drafter (a Markov head)" if not dspark else "a DFlash drafter without a Markov head"
+        right = drafters.DFLASH if dspark else drafters.DSPARK
+        raise ModelFileError(f"{name} is {has}", f"run it with --draft {right}:model={drafter.path}")
+    if target.architecture not in LAYER_INPUT_ARCHS:
+        raise IncompatiblePair(
+            f"llama.cpp hands out no layer inputs of {target.architecture} models, which the DFlash "
+            f"drafter {name} reads",
+            f"DFlash runs on {', '.join(sorted(LAYER_INPUT_ARCHS))} targets; draft with another --draft",
+        )
+    if not all(0 <= int(i) < target.n_layer for i in layers):
+        raise IncompatiblePair(
+            f"the DFlash drafter {name} reads target layers {layers}, but {target.path.name} has "
+            f"{target.n_layer} (llama.cpp gives the inputs of layers 0 to {target.n_layer - 1})",
+            _CONVERT_HINT.replace("head", "drafter"),
+        )
+    if drafter.n_embd != target.n_embd or drafter.n_vocab != target.n_vocab:
+        raise IncompatiblePair(
+            f"the DFlash drafter {name} ({drafter.n_vocab} tokens, width {drafter.n_embd}) does not "
+            f"fit {target.path.name} ({target.n_vocab} tokens, width {target.n_embd})",
+            _CONVERT_HINT.replace("head", "drafter"),
         )

@@ -13,16 +13,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..decoding import registry
+from ..decoding.block import BlockDrafter
 from ..decoding.drafters import Drafter, HeadDrafter, ModelDrafter
 from ..decoding.settings import CTX_SIZE
 from ..errors import BadInput, ContextFull, ModelFileError
 from ..llama.devices import supports_gpu_offload
+from ..llama.dflash import DFlashBlock
 from ..llama.engine import GGML_TYPE_BF16, LlamaModel, LoadOptions
 from ..llama.rollback import TARGET_SNAPSHOTS
 from ..llama.template import render_chat
 from . import hardware
 from .gguf import read_gguf
-from .heads import check_eagle3_file, default_head, head_file_spec
+from .heads import check_dflash_file, check_eagle3_file, default_head, head_file_spec
 from .pair import check_pair
 from .registry import ModelRef
 
@@ -62,7 +64,7 @@ class Loaded:
     warnings: list[str] = field(default_factory=list)
     draft_models: list[LlamaModel] = field(default_factory=list)
     #: the drafters that read the target's hidden states (an MTP head, an EAGLE-3 head): closed with it
-    heads: list[MtpHead | AssistantHead | Eagle3Head] = field(default_factory=list)
+    heads: list[MtpHead | AssistantHead | Eagle3Head | DFlashBlock] = field(default_factory=list)
     tie_margin: float = 0.0  # greedy verification: see decoding.loop.Settings
     exact_rows: int = 0  # ditto
     strict: bool = False  # ditto
@@ -249,6 +251,8 @@ def load(
     infos = {spec: read_gguf(p) for spec, p in paths.items()}  # not-a-GGUF / truncated: one clear line
     if head_kind == registry.EAGLE3 and head_file is not None:
         check_eagle3_file(infos[head_file], infos[cfg.target])  # before the target's load, not after
+    if head_kind in registry.BLOCK_DRAFTERS and head_file is not None:
+        check_dflash_file(infos[head_file], infos[cfg.target], dspark=head_kind == registry.DSPARK)
     _fit_check(cfg, paths, infos, workers)
     note(f"loading {paths[cfg.target].name}")
     on_cpu = cfg.gpu_layers == 0 or not supports_gpu_offload()
@@ -309,7 +313,11 @@ def load(
             if registry.is_target_head(spec):
                 head = _target_head(target, cfg, spec, paths[head_file] if head_file is not None else None)
                 out.heads.append(head)
-                out.drafters.append(HeadDrafter(head, p_min=cfg.p_min))
+                out.drafters.append(
+                    BlockDrafter(head, p_min=cfg.p_min)
+                    if isinstance(head, DFlashBlock)
+                    else HeadDrafter(head, p_min=cfg.p_min)
+                )
                 continue
             note(f"loading draft {paths[spec].name}")
             dm = LlamaModel(
@@ -362,13 +370,16 @@ def _workers_key(workers: Sequence[WorkerInfo]) -> str:
 
 def _target_head(
     target: LlamaModel, cfg: LoadConfig, spec: str, file: Path | None
-) -> MtpHead | AssistantHead | Eagle3Head:
-    """The drafter that reads the target for `--draft spec`: an EAGLE-3 head for `eagle3`; for `mtp` the
-    target's assistant file where it has one, else its NextN layers (a clear error where it has
-    neither)."""
+) -> MtpHead | AssistantHead | Eagle3Head | DFlashBlock:
+    """The drafter that reads the target for `--draft spec`: a block drafter for `dflash` and
+    `dspark`, an EAGLE-3 head for `eagle3`; for `mtp` the target's assistant file where it has one,
+    else its NextN layers (a clear error where it has neither)."""
     from ..llama.eagle3 import Eagle3Head
     from ..llama.mtp import AssistantHead, MtpHead
 
+    kind = registry.split(spec)[0]
+    if kind in registry.BLOCK_DRAFTERS and file is not None:
+        return DFlashBlock(target, file, dspark=kind == registry.DSPARK, verbose=cfg.verbose)
     if registry.split(spec)[0] == registry.EAGLE3 and file is not None:
         return Eagle3Head(target, file, verbose=cfg.verbose)
     if file is not None:

@@ -1,0 +1,129 @@
+"""Block drafters: a drafter that proposes a whole block of tokens in one pass (DFlash, llama/dflash.py)
+rather than one pass per token.
+
+Each position of a block has its own distribution, computed together from the committed context
+alone, so position i's token is drawn from its row without looking at the tokens drawn before it:
+that is still a distribution that depends only on what precedes the draft, so the verifier's
+rejection sampling stays exact when the rows are handed over as q. The drafter reads where to stop
+from each row's top probability (its confidence), as a draft model does, but pays nothing per
+position: the whole block costs one pass, so only the verify rows a token would take are priced.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
+from typing import Protocol
+
+import numpy as np
+
+from .drafters import DraftBudget, Proposal
+from .events import Source
+from .model import Model, common_prefix_len
+from .processors import AnswerProcessor
+from .sampling import SamplingParams, probs, sample, top_prob
+
+
+class BlockModel(Protocol):
+    """What a block drafter runs: one pass gives the logits of the next n tokens."""
+
+    name: str
+    #: the most tokens one block proposes
+    max_drafts: int
+
+    @property
+    def n_ctx(self) -> int: ...
+
+    @property
+    def injected(self) -> Sequence[int]:
+        """The committed text its cache holds (the context less its last token, once synced)."""
+        ...
+
+    def sync(self, context: Sequence[int]) -> None:
+        """Bring its cache up to `context` (all but the last token)."""
+        ...
+
+    def block(self, context: Sequence[int], n: int) -> np.ndarray:
+        """Logits (n, n_vocab) of the n tokens after `context`, in one pass."""
+        ...
+
+    def truncate(self, n: int) -> None:
+        """Keep what it holds of the first n tokens."""
+        ...
+
+    def is_eog(self, token: int) -> bool: ...
+
+
+class BlockDrafter:
+    """Drafts with a block model: one pass, then each position's token read from its row (argmax
+    when greedy, drawn from the row's distribution when sampling) until k tokens, a token below
+    `p_min`, the chance that every token so far is accepted below the budget's floor, or an
+    end-of-generation token."""
+
+    source = Source.MTP
+    #: trained on the target's own features, like a head
+    prior = (4.0, 2.0)
+    route_priors: Mapping[str, tuple[float, float]] = MappingProxyType({})
+    #: its passes are not priced per token: the planner treats its proposals as free (a block costs
+    #: one pass whatever its length) and judges it by acceptance
+    model: Model | None = None
+
+    def __init__(self, block: BlockModel, p_min: float) -> None:
+        self._block = block
+        self.name = block.name
+        self.p_min: float | None = p_min
+
+    def route(self, context: Sequence[int]) -> str | None:
+        return "block" if 0 < len(context) < self._block.n_ctx else None
+
+    def propose(
+        self,
+        context: Sequence[int],
+        k: int,
+        params: SamplingParams,
+        rng: np.random.Generator,
+        *,
+        budget: DraftBudget | None = None,
+        processor: AnswerProcessor | None = None,
+    ) -> Proposal:
+        start = time.perf_counter()
+        out = Proposal(q=None if params.greedy else [])
+        k = min(k, self._block.max_drafts, self._block.n_ctx - len(context))
+        if k <= 0:
+            return out
+        rows = self._block.block(context, k)
+        reach = 1.0
+        p_min = self.p_min or 0.0
+        for i, row in enumerate(rows):
+            logits = processor(context, row, out.tokens) if processor is not None else row
+            if params.greedy:
+                tok, conf = top_prob(logits)
+            else:
+                q = probs(logits, params)
+                tok = sample(q, rng)
+                conf = float(q.max())
+            if budget is not None:
+                reach *= budget.accept_chance(conf, i)
+            if conf < p_min or (budget is not None and reach < budget.floor_at(i)):
+                break
+            out.tokens.append(tok)
+            out.confidence.append(conf)
+            if out.q is not None:
+                out.q.append(q)
+            if self._block.is_eog(tok):
+                break
+        out.seconds = time.perf_counter() - start
+        return out
+
+    def lag(self, context: Sequence[int]) -> int:
+        return 0
+
+    def prepare(self, context: Sequence[int]) -> None:
+        self._block.sync(context)
+
+    def settle(self, context: Sequence[int]) -> None:
+        self._block.truncate(common_prefix_len(self._block.injected, context))
+
+    def reset(self) -> None:
+        self._block.truncate(0)

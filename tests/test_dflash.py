@@ -1,0 +1,230 @@
+"""DFlash block drafters (llama/dflash.py, decoding/block.py) on tiny GGUFs written at test time
+(tests/dflash_models.py): a Qwen3-layout target and a drafter that carries the family's planted rule
+one block offset per head. Through `specchat run` as a user runs it: blocks are partly accepted, the
+output is the target's own token for token, and a drafter that does not fit is one clear line."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from specchat.cli import app
+from specchat.decoding.block import BlockDrafter
+from specchat.decoding.registry import DFLASH, DSPARK, EAGLE3
+from specchat.decoding.sampling import probs
+from specchat.decoding.settings import SamplingParams
+from specchat.errors import IncompatiblePair, ModelFileError
+from specchat.llama.dflash import DFlashBlock
+from specchat.llama.engine import LlamaModel, LoadOptions
+
+from .dflash_models import DFlashShape, Qwen3Shape, write_dflash
+from .eagle3_models import write_eagle3
+from .hybrid_models import write_qwen2
+
+runner = CliRunner()
+PROMPT = "Write a function that reverses a string, then explain how it works."
+
+
+def run_json(*args: str, n: int = 64) -> dict:
+    res = runner.invoke(
+        app,
+        ["run", *args, "--json", "--threads", "1", "--ctx-size", "512", "-n", str(n), "-p", PROMPT],
+    )
+    assert res.exit_code == 0, res.output
+    return json.loads(res.stdout)
+
+
+def test_blocks_are_partly_accepted_and_the_text_is_the_targets(dflash_pair: tuple[Path, Path]) -> None:
+    target, drafter = dflash_pair
+    spec = run_json(str(target), "--draft", f"{DFLASH}:model={drafter}", "-k", "7", "--draft-p-min", "0")
+    plain = run_json(str(target), "--no-draft")
+    assert spec["tokens"] == plain["tokens"]
+    stats = spec["stats"]
+    assert [d["name"] for d in stats["drafters"]] == [DFLASH]
+    assert stats["drafted"] > 20 and 0 < stats["accepted"] < stats["drafted"]
+    # one pass proposes several tokens, and later positions of a block are accepted too
+    assert stats["tokens_per_pass"] > 2
+    assert stats["accepted_by_position"][3] > 0
+
+
+def test_a_dspark_drafter_fills_its_whole_block(dflash_pair: tuple[Path, Path], dspark_drafter: Path) -> None:
+    """DSpark's anchor-first layout: row 0 of a block is already a guess, so a block of block_size
+    rows proposes block_size tokens (DFlash's proposes one fewer), and its Markov head carries each
+    position on from the token before."""
+    target, _ = dflash_pair
+    spec = run_json(
+        str(target), "--draft", f"{DSPARK}:model={dspark_drafter}", "-k", "8", "--draft-p-min", "0"
+    )
+    assert spec["tokens"] == run_json(str(target), "--no-draft")["tokens"]
+    stats = spec["stats"]
+    assert [d["name"] for d in stats["drafters"]] == [DSPARK]
+    assert stats["drafted"] > 20 and stats["accepted"] > 0.5 * stats["drafted"]
+    assert len(stats["drafted_by_position"]) == 8 and stats["accepted_by_position"][7] > 0
+
+
+def test_sampling_with_a_block_drafter(dflash_pair: tuple[Path, Path]) -> None:
+    target, drafter = dflash_pair
+    args = ("--draft", f"{DFLASH}:model={drafter}", "-k", "7", "--draft-p-min", "0", "--temp", "0.7")
+    spec = run_json(str(target), *args, "--seed", "3")
+    assert spec["stats"]["generated_tokens"] == 64 and spec["stats"]["accepted"] > 0
+    assert spec["tokens"] == run_json(str(target), *args, "--seed", "3")["tokens"]  # a seed repeats
+
+
+def test_a_drafter_beside_the_target_is_found(dflash_pair: tuple[Path, Path], tmp_path: Path) -> None:
+    target, drafter = dflash_pair
+    local = Path(shutil.copy(target, tmp_path / "model.gguf"))
+    shutil.copy(drafter, tmp_path / "dflash-model.gguf")
+    spec = run_json(str(local), "--draft", DFLASH, "-k", "4", "--draft-p-min", "0")
+    assert spec["stats"]["accepted"] > 0
+
+
+def test_round_after_round_the_cache_is_the_one_a_fresh_drafter_builds(
+    dflash_pair: tuple[Path, Path],
+) -> None:
+    """Features injected for drafts the target then rejected are taken out again: after rounds of
+    drafting and verifying, a block is what a new drafter reading the same text at once proposes."""
+    target_path, drafter_path = dflash_pair
+    opts = LoadOptions(n_ctx=512, threads=1, gpu_layers=0)
+    with LlamaModel(target_path, opts) as target, LlamaModel(target_path, opts) as other:
+        block = DFlashBlock(target, drafter_path)
+        ctx = target.tokenize(PROMPT)
+        ctx.append(int(np.argmax(target.decode(ctx, [len(ctx) - 1])[0])))
+        rejected = 0
+        for _ in range(10):
+            drafts = [int(np.argmax(row)) for row in block.block(ctx, 5)]
+            logits = target.decode([ctx[-1], *drafts], range(6))
+            picks = [int(np.argmax(row)) for row in logits]
+            ok = next((i for i, (d, p) in enumerate(zip(drafts, picks, strict=False)) if d != p), 5)
+            rejected += ok < 5
+            target.truncate(len(ctx) + ok)
+            ctx += picks[: ok + 1]
+        used = block.block(ctx, 5)
+        assert list(block.injected) == ctx[:-1]
+        block.close()
+        fresh = DFlashBlock(other, drafter_path)
+        other.decode(ctx[:-1], [])
+        again = fresh.block(ctx, 5)
+        fresh.close()
+    assert rejected > 0  # the rounds did take drafts back
+    np.testing.assert_allclose(used, again, rtol=1e-3, atol=1e-3)
+
+
+class _FixedBlock:
+    """A block model whose every block has the same rows (the drafter's reading of them is tested)."""
+
+    name = "fixed"
+    max_drafts = 3
+    n_ctx = 64
+    injected: Sequence[int] = ()
+
+    def __init__(self, rows: np.ndarray) -> None:
+        self.rows = rows
+
+    def sync(self, context: Sequence[int]) -> None:
+        return None
+
+    def block(self, context: Sequence[int], n: int) -> np.ndarray:
+        return self.rows[:n]
+
+    def truncate(self, n: int) -> None:
+        return None
+
+    def is_eog(self, token: int) -> bool:
+        return False
+
+
+def test_each_sampled_token_is_drawn_from_the_row_handed_over_as_q() -> None:
+    """Exact verification needs q to be what each token was drawn from: every position's token,
+    counted over many proposals, follows its own row, whatever was drawn before it."""
+    rows = np.log(np.array([[0.6, 0.3, 0.1, 1e-9], [0.2, 0.2, 0.5, 0.1], [0.25, 0.25, 0.25, 0.25]]))
+    drafter = BlockDrafter(_FixedBlock(rows.astype(np.float32)), p_min=0.0)
+    params = SamplingParams(temperature=1.0, top_k=0, top_p=1.0)
+    rng = np.random.default_rng(5)
+    n = 4000
+    counts = np.zeros((3, 4))
+    for _ in range(n):
+        prop = drafter.propose([1, 2], 3, params, rng)
+        assert prop.q is not None and len(prop.q) == len(prop.tokens) == 3
+        for i, (tok, q) in enumerate(zip(prop.tokens, prop.q, strict=True)):
+            np.testing.assert_allclose(q, probs(rows[i], params), rtol=1e-5)
+            counts[i, tok] += 1
+    for i in range(3):
+        expected = probs(rows[i], params)
+        assert np.abs(counts[i] / n - expected).max() < 4 * np.sqrt(0.25 / n)
+
+
+def test_the_budget_cuts_a_block_where_confidence_runs_out() -> None:
+    rows = np.log(np.array([[0.9, 0.1, 1e-9, 1e-9], [0.3, 0.3, 0.4, 1e-9], [0.97, 0.01, 0.01, 0.01]]))
+    drafter = BlockDrafter(_FixedBlock(rows.astype(np.float32)), p_min=0.5)
+    prop = drafter.propose([1], 3, SamplingParams(), np.random.default_rng(0))
+    assert prop.tokens == [0] and prop.confidence[0] == pytest.approx(0.9, abs=1e-3)
+
+
+def _refused(*args: str) -> str:
+    res = runner.invoke(app, ["run", *args, "-p", "hi", "-n", "4", "--ctx-size", "512"])
+    assert res.exit_code != 0 and "Traceback" not in res.output, res.output
+    return " ".join(res.output.split())
+
+
+def test_a_drafter_that_does_not_fit_is_one_clear_line(
+    dflash_pair: tuple[Path, Path], tmp_path: Path
+) -> None:
+    target, drafter = dflash_pair
+    t = str(target)
+    assert "is no DFlash drafter (architecture qwen3" in _refused(t, "--draft", f"{DFLASH}:model={target}")
+    eagle = write_eagle3(tmp_path / "eagle3.gguf")
+    assert "is no DFlash drafter (architecture eagle3" in _refused(t, "--draft", f"{DFLASH}:model={eagle}")
+    other = write_dflash(tmp_path / "fork.gguf", arch="dflash-draft")
+    assert "is no DFlash drafter (architecture dflash-draft" in _refused(
+        t, "--draft", f"{DFLASH}:model={other}"
+    )
+    deep = write_dflash(tmp_path / "deep.gguf", target_layers=(2, 16, 29))
+    assert "reads target layers [2, 16, 29], but" in _refused(t, "--draft", f"{DFLASH}:model={deep}")
+    narrow = Qwen3Shape(n_embd=128, n_head=4, n_head_kv=2)
+    thin = write_dflash(tmp_path / "thin.gguf", target=narrow, shape=DFlashShape(n_head=4, block_size=4))
+    assert "width 128) does not fit" in _refused(t, "--draft", f"{DFLASH}:model={thin}")
+    qwen2 = write_qwen2(tmp_path / "qwen2.gguf")
+    assert "no layer inputs of qwen2 models" in _refused(str(qwen2), "--draft", f"{DFLASH}:model={drafter}")
+
+
+def test_dflash_and_dspark_files_are_told_apart(dflash_pair: tuple[Path, Path], dspark_drafter: Path) -> None:
+    """Their blocks are laid out differently, so each is run only under its own name."""
+    target, drafter = dflash_pair
+    t = str(target)
+    wrong = _refused(t, "--draft", f"{DFLASH}:model={dspark_drafter}")
+    assert "is a DSpark drafter (a Markov head)" in wrong and f"--draft {DSPARK}:model=" in wrong
+    wrong = _refused(t, "--draft", f"{DSPARK}:model={drafter}")
+    assert "is a DFlash drafter without a Markov head" in wrong and f"--draft {DFLASH}:model=" in wrong
+    assert "no DSpark drafter is known for" in _refused(t, "--draft", DSPARK)
+
+
+def test_asking_for_a_drafter_wrongly_is_one_clear_line(dflash_pair: tuple[Path, Path]) -> None:
+    target, drafter = dflash_pair
+    t = str(target)
+    assert "no DFlash drafter is known for" in _refused(t, "--draft", DFLASH)
+    assert "takes one option, model=PATH" in _refused(t, "--draft", f"{DFLASH}:head={drafter}")
+    both = _refused(t, "--draft", EAGLE3, "--draft", f"{DFLASH}:model={drafter}")
+    assert "both read the target's hidden states" in both
+
+
+def test_the_drafter_checks_its_target_before_llama_cpp_sees_them(
+    dflash_pair: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """Without the loader's header checks (the Python API), a mismatch is still an error, not an
+    abort inside llama.cpp's graph code."""
+    target, drafter = dflash_pair
+    opts = LoadOptions(n_ctx=256, threads=1, gpu_layers=0)
+    qwen2 = LlamaModel(write_qwen2(tmp_path / "qwen2.gguf"), opts)
+    with qwen2, pytest.raises(IncompatiblePair, match="no layer inputs of qwen2"):
+        DFlashBlock(qwen2, drafter)
+    with LlamaModel(target, opts) as qwen3:
+        with pytest.raises(IncompatiblePair, match="reads target layers"):
+            DFlashBlock(qwen3, write_dflash(tmp_path / "deep.gguf", target_layers=(1, 2, 4)))
+        with pytest.raises(ModelFileError, match="is no DFlash drafter"):
+            DFlashBlock(qwen3, target)
