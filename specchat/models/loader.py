@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from ..decoding import registry
 from ..decoding.drafters import Drafter, HeadDrafter, ModelDrafter
 from ..decoding.settings import CTX_SIZE
+from ..decoding.tree import TREE_BRANCHES
 from ..errors import BadInput, ContextFull, ModelFileError
 from ..llama.devices import supports_gpu_offload
 from ..llama.engine import GGML_TYPE_BF16, LlamaModel, LoadOptions
@@ -286,6 +287,8 @@ def load(
             # the NextN layers, only where the MTP drafter will use them (they are not part of the
             # target's own forward pass: its output is the same either way)
             load_mtp=head_kind == registry.MTP and head_file is None,
+            # room for token trees (decoding/tree.py), with or without drafters, as above
+            tree_branches=TREE_BRANCHES,
         ),
         name=cfg.target,
     )
