@@ -34,6 +34,7 @@ from .model import Model, common_prefix_len, sync_cache
 from .processors import AnswerProcessor, LogitsProcessor, ProcessedRows, for_params
 from .sampling import SamplingParams
 from .settings import MAX_TOKENS
+from .tree import judge_tree, tree_batch, tree_room
 from .verification import judge
 
 
@@ -173,8 +174,8 @@ class Tally:
         self.passes += 1
         self.rechecked += rnd.recheck
         self.repaired += rnd.repaired
-        self.drafted += rnd.drafted
-        self.accepted += rnd.accepted
+        self.drafted += rnd.drafted + rnd.side_nodes
+        self.accepted += rnd.accepted + rnd.side_accepted
         self.k_history.append(rnd.k)
         while len(self.drafted_by_pos) < rnd.drafted:
             self.drafted_by_pos.append(0)
@@ -319,6 +320,9 @@ class _Verdict:
     drifted: int
     logprobs: list[TokenLogprob] | None
     seconds: float
+    #: a tree round's side nodes, and how many of the `accepted` drafts were side nodes
+    side: int = 0
+    side_accepted: int = 0
 
     @property
     def recheck(self) -> bool:
@@ -364,6 +368,10 @@ class _Answer:
         )
         tally.prompt_tokens = len(prompt)
         self.t_decode = 0.0
+        #: side nodes a round's token tree may have: none where rows are adjusted per path (the
+        #: processors, a constraint) or logprobs are asked for, which read a round as a chain
+        plain = processor is None and self.walk is None and not logprobs
+        self.tree_room = tree_room(target) if plain else 0
 
     def prefill(self) -> None:
         """Bring the target cache to the prompt (all but its last token, the first round's input),
@@ -413,12 +421,16 @@ class _Answer:
             context, plan.k, self.params, self.rng, budget=budget, processor=self.processor
         )
         del proposal.tokens[max_k:]
+        if proposal.side:
+            _fit_side(proposal, self.tree_room)
         return _Draft(plan, drafter, routes[plan.drafter], budget, proposal)
 
     def verify(self, draft: _Draft) -> _Verdict:
         """The target decodes [last, d1..dk] in one batch; the drafts are judged against its rows
         (verification.judge), and its cache is cut back to the new committed[:-1]. Raises DeadEnd when a
         constraint allows no token."""
+        if draft.proposal.side:
+            return self._verify_tree(draft)
         drafts, settings = draft.proposal.tokens, self.settings
         t_verify = time.perf_counter()
         batch = self.target.decode([self.committed[-1], *drafts], range(len(drafts) + 1))
@@ -464,6 +476,44 @@ class _Answer:
             seconds=time.perf_counter() - t_verify - lp_seconds,
         )
 
+    def _verify_tree(self, draft: _Draft) -> _Verdict:
+        """verify for a token tree (decoding/tree.py): one batch of the root, the chain and its side
+        nodes; the tree walk commits the target's tokens along the longest accepted path, and the
+        cache keeps that path alone (keep_path), then is cut back as after a chain."""
+        proposal, settings = draft.proposal, self.settings
+        t_verify = time.perf_counter()
+        tokens, shape = tree_batch(self.committed[-1], proposal.tokens, proposal.side)
+        rows = self.target.decode_tree(tokens, shape, range(len(tokens)))  # type: ignore[attr-defined]
+        exact = len(tokens) <= settings.exact_rows
+        margin = self.margin if (not exact or (settings.strict and self.drift_from is not None)) else 0.0
+        gaps: list[float] | None = [] if self.margin > 0.0 else None
+        q = None
+        if proposal.q is not None:
+            q = [None, *proposal.q, *proposal.side_q]
+        walked = judge_tree(rows, tokens, shape, self.params, self.rng, self.target.n_vocab, q, margin, gaps)
+        self.target.keep_path(shape, [0, *walked.path])  # type: ignore[attr-defined]
+        on_chain = 0
+        while on_chain < len(walked.path) and walked.path[on_chain] == on_chain + 1:
+            on_chain += 1
+        n_ok = len(walked.path)
+        self.recheck = len(walked.new) == n_ok
+        # the chain's drafts whose rows were walked: those accepted, and the one rejected there
+        judged = on_chain + (on_chain < len(proposal.tokens) and not (self.recheck and n_ok == on_chain))
+        drifted = self._cut_back(n_ok, batched=not exact)
+        return _Verdict(
+            new=walked.new,
+            accepted=n_ok,
+            judged=judged,
+            margin=margin,
+            gap_rows=len(gaps) if gaps is not None else 0,
+            near_ties=sum(g < self.margin for g in gaps) if gaps is not None else 0,
+            drifted=drifted,
+            logprobs=None,
+            seconds=time.perf_counter() - t_verify,
+            side=len(proposal.side),
+            side_accepted=n_ok - on_chain,
+        )
+
     def _cut_back(self, n_ok: int, *, batched: bool) -> int:
         """Truncate the target cache, which holds committed[:-1] + [last] + drafts, to the new
         committed[:-1]: committed + accepted drafts, minus one when no target token followed them.
@@ -493,7 +543,8 @@ class _Answer:
                 assert draft.drafter is not None
                 yield Token(tok, self.detok.piece(tok), draft.drafter.source, draft.drafter.name, lp)
             else:
-                source = _target_source(verdict.judged, verdict.accepted)
+                chain_ok = verdict.accepted - verdict.side_accepted
+                source = Source.BONUS if verdict.side_accepted else _target_source(verdict.judged, chain_ok)
                 yield Token(tok, self.detok.piece(tok), source, None, lp)
         return emitted, False
 
@@ -536,13 +587,13 @@ def _record(draft: _Draft, verdict: _Verdict, emitted: int, repaired: int, repai
         drafter=draft.drafter.name if draft.drafter is not None else None,
         k=draft.plan.k,
         drafted=verdict.judged,
-        accepted=verdict.accepted,
+        accepted=verdict.accepted - verdict.side_accepted,
         emitted=emitted,
         seconds=verdict.seconds + proposal.seconds,
         draft_seconds=proposal.seconds,
         recheck=verdict.recheck,
         route=draft.route,
-        proposed=len(proposal.tokens),
+        proposed=len(proposal.tokens) + verdict.side,
         catch_up_seconds=proposal.catch_up_seconds,
         draft_decodes=proposal.decodes,
         confidence=tuple(proposal.confidence[: verdict.judged]),
@@ -552,7 +603,20 @@ def _record(draft: _Draft, verdict: _Verdict, emitted: int, repaired: int, repai
         drifted=verdict.drifted,
         repaired=repaired,
         repair_seconds=repair_seconds,
+        side_nodes=verdict.side,
+        side_accepted=verdict.side_accepted,
     )
+
+
+def _fit_side(proposal: Proposal, room: int) -> None:
+    """Keep the side nodes whose chain position survived the round's cut, at most `room` of them
+    (the target's side sequences; none: the round is a chain)."""
+    kept = [(i, (pos, tok)) for i, (pos, tok) in enumerate(proposal.side) if pos < len(proposal.tokens)][
+        :room
+    ]
+    proposal.side = [node for _, node in kept]
+    if proposal.side_q:
+        proposal.side_q = [proposal.side_q[i] for i, _ in kept]
 
 
 def _repair(target: Model, committed: Sequence[int], start: int, rows: int) -> None:

@@ -33,11 +33,9 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from .sampling import SamplingParams, align, greedy_gap, probs, sample
+from .settings import TREE_BRANCHES
 
-#: side branches a target's context makes room for (LoadOptions.tree_branches): each is one more
-#: llama.cpp sequence of a unified cache, and trees wider than this do not pay on any verify curve
-#: recorded (tests/perf/replay_planner.py --hardware)
-TREE_BRANCHES = 8
+__all__ = ["TREE_BRANCHES", "TreeModel", "TreeShape", "TreeVerdict", "judge_tree", "tree_batch", "tree_room"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +116,19 @@ class TreeModel(Protocol):
         """After a tree batch: keep the nodes of `path` (root first) and drop every other branch, so
         the cache holds the context plus the path's tokens, as if the path had been decoded alone."""
         ...
+
+
+def tree_batch(
+    root: int, chain: Sequence[int], side: Sequence[tuple[int, int]]
+) -> tuple[list[int], TreeShape]:
+    """The batch of a round whose draft is `chain` with `side` alternatives (Proposal.side:
+    (position, token), a sibling of chain[position]) after `root`, the last committed token."""
+    tokens = [root, *chain]
+    parents = list(range(-1, len(chain)))
+    for position, token in side:
+        tokens.append(token)
+        parents.append(position)  # node `position` holds chain[position - 1]: the root at 0
+    return tokens, TreeShape(tuple(parents))
 
 
 def tree_room(model: object) -> int:

@@ -54,6 +54,8 @@ class LoadConfig:
     strict: bool = False
     #: --rpc: llama.cpp RPC workers (`HOST:PORT`) the target's layers are split over (llama/rpc.py)
     rpc: tuple[str, ...] = ()
+    #: --tree-width: side nodes a draft model's token tree may have per round (0: chains only)
+    tree_width: int = 0
 
 
 @dataclass(slots=True)
@@ -327,7 +329,10 @@ def load(
             )
             out.draft_models.append(dm)
             out.warnings.extend(check_pair(target, dm))
-            out.drafters.append(ModelDrafter(dm, p_min=cfg.p_min))
+            width = cfg.tree_width if target.tree_branches else 0
+            out.drafters.append(
+                ModelDrafter(dm, p_min=cfg.p_min, tree_width=min(width, target.tree_branches))
+            )
         if out.drafters:
             from ..decoding.calibration import K_MAX, exact_rows, tie_margin
             from ..llama.devices import backend_info
