@@ -82,3 +82,128 @@ def test_a_tree_wider_than_the_context_allows_is_refused(tiny_gguf: Path):
         with pytest.raises(EngineError):
             model.decode_tree(TOKENS, SHAPE, [0])
         assert list(model.tokens) == [1, 2, 3]
+
+
+# --- the loop with tree rounds (fake models) ----------------------------------------------------------
+
+
+def _generate(target, drafter, *, n, params, seed, k=4):
+    from specchat.decoding.events import Done, Round, Token
+    from specchat.decoding.loop import FixedK, Settings, generate
+
+    events = list(
+        generate(
+            target,
+            [1, 2, 3, 4],
+            drafters=[drafter],
+            planner=FixedK(k),
+            settings=Settings(max_tokens=n, params=params),
+            rng=np.random.default_rng(seed),
+        )
+    )
+    done = events[-1]
+    assert isinstance(done, Done)
+    return (
+        [e for e in events if isinstance(e, Token)],
+        [e for e in events if isinstance(e, Round)],
+        done.stats,
+    )
+
+
+@pytest.mark.parametrize("seed", [3, 4, 5])
+def test_greedy_tree_rounds_give_plain_decodings_tokens(seed: int):
+    from specchat.decoding.drafters import ModelDrafter
+    from specchat.decoding.sampling import SamplingParams
+
+    from .fakes import FakeModel, plain_greedy
+
+    target = FakeModel(seed=seed, n_vocab=16, tree_branches=4, sharpness=1.5)
+    # the target's rows plus noise: the draft's first choice is often right, and where it is not
+    # the target's token is often its second
+    table = target.table + np.random.default_rng(seed + 100).standard_normal(target.table.shape) * 1.0
+    draft = FakeModel(seed=seed, n_vocab=16, table=table)
+    drafter = ModelDrafter(draft, p_min=0.0, tree_width=3)
+    tokens, rounds, stats = _generate(target, drafter, n=80, params=SamplingParams(), seed=seed)
+    assert [t.id for t in tokens] == plain_greedy(target, [1, 2, 3, 4], 80)
+    assert target.tree_calls, "no round verified a tree"
+    assert sum(r.side_accepted for r in rounds) > 0, "no side node was ever accepted"
+    assert sum(r.side_nodes for r in rounds) > sum(r.side_accepted for r in rounds)
+    assert stats.generated_tokens == 80
+    # the cache holds exactly what was committed but the last token
+    assert list(target.tokens) == [1, 2, 3, 4, *[t.id for t in tokens]][:-1]
+
+
+def test_a_target_without_tree_room_gets_chains():
+    from specchat.decoding.drafters import ModelDrafter
+    from specchat.decoding.sampling import SamplingParams
+
+    from .fakes import FakeModel, plain_greedy
+
+    target = FakeModel(seed=2, n_vocab=16)
+    draft = FakeModel(seed=9, n_vocab=16)
+    tokens, rounds, _ = _generate(
+        target, ModelDrafter(draft, p_min=0.0, tree_width=3), n=30, params=SamplingParams(), seed=0
+    )
+    assert [t.id for t in tokens] == plain_greedy(target, [1, 2, 3, 4], 30)
+    assert not target.tree_calls and all(r.side_nodes == 0 for r in rounds)
+
+
+def test_tree_sampling_matches_target_distribution():
+    """The joint distribution of the first two tokens, over many seeded runs whose rounds are trees
+    (a draft deliberately different from the target, two side nodes per round), equals the target's:
+    multi-candidate rejection sampling keeps the output exact in distribution."""
+    import itertools
+
+    from specchat.decoding.drafters import ModelDrafter
+    from specchat.decoding.sampling import SamplingParams, probs
+
+    from .fakes import FakeModel
+
+    vocab = 4
+    target = FakeModel(seed=11, n_vocab=vocab, sharpness=1.0, tree_branches=4)
+    draft = FakeModel(seed=12, n_vocab=vocab, sharpness=1.0)
+    params = SamplingParams(temperature=1.0, top_k=0, top_p=1.0)
+    prompt = [1, 2, 3, 4]
+    p1 = probs(target.logits_after(prompt), params)
+    exact = np.zeros((vocab, vocab))
+    for a, b in itertools.product(range(vocab), repeat=2):
+        exact[a, b] = p1[a] * probs(target.logits_after([*prompt, a]), params)[b]
+    counts = np.zeros((vocab, vocab))
+    rng = np.random.default_rng(5)
+    drafter = ModelDrafter(draft, p_min=0.0, tree_width=2)
+    side_accepted = 0
+    for _ in range(6000):
+        tokens, rounds, _ = _generate(target, drafter, n=2, params=params, seed=int(rng.integers(2**31)), k=2)
+        counts[tokens[0].id, tokens[1].id] += 1
+        side_accepted += sum(r.side_accepted for r in rounds)
+    tv = 0.5 * float(np.abs(counts.ravel() / counts.sum() - exact.ravel()).sum())
+    # 16 cells, 6000 draws: sampling noise alone gives TV around 0.02; a biased rule gives far more
+    assert tv < 0.04, tv
+    assert len(target.tree_calls) >= 6000 and side_accepted > 300
+
+
+def test_multi_candidate_rule_alone_is_exact():
+    """One tree level, many draws: the committed token is distributed as p, whatever q is."""
+    from specchat.decoding.sampling import SamplingParams, sample
+    from specchat.decoding.tree import TreeShape, judge_tree
+
+    rng = np.random.default_rng(0)
+    p = np.array([0.45, 0.25, 0.2, 0.1, 0.0])
+    q = np.array([0.1, 0.5, 0.0, 0.2, 0.2])
+    logits = np.log(np.maximum(p, 1e-300))
+    shape = TreeShape((-1, 0, 0, 0))
+    params = SamplingParams(temperature=1.0, top_k=0, top_p=1.0)
+    counts = np.zeros(5)
+    for _ in range(40_000):
+        first = sample(q, rng)
+        rest = q.copy()
+        rest[first] = 0.0
+        second = sample(rest / rest.sum(), rng)
+        rest[second] = 0.0
+        third = sample(rest / rest.sum(), rng)
+        tokens = [0, first, second, third]
+        rows = np.stack([logits] * 4)
+        verdict = judge_tree(rows, tokens, shape, params, rng, 5, [None, q, q, q])
+        counts[verdict.new[0]] += 1
+    assert counts[4] == 0
+    assert 0.5 * float(np.abs(counts / counts.sum() - p).sum()) < 0.015
