@@ -135,6 +135,9 @@ class Settings:
     #: verify batches of up to this many rows are bit-identical to one-token decoding (measured:
     #: calibration.exact_batch), so their rows need no margin; 0 = none known
     exact_rows: int = 0
+    #: token-tree batches within `exact_rows` are bit-identical too (calibration.trees_exact: the
+    #: build's probe showed it); otherwise every tree row is judged with the margin
+    exact_trees: bool = False
     #: greedy output equal to one-token decoding token for token, even where batched K/V left in
     #: the cache by a non-exact batch could tip a near-tie: decisions on such a cache use the margin
     #: too, and a near-tie there first re-decodes the drifted span in exact batches (_Answer.repair)
@@ -484,7 +487,7 @@ class _Answer:
         t_verify = time.perf_counter()
         tokens, shape = tree_batch(self.committed[-1], proposal.tokens, proposal.side)
         rows = self.target.decode_tree(tokens, shape, range(len(tokens)))  # type: ignore[attr-defined]
-        exact = len(tokens) <= settings.exact_rows
+        exact = settings.exact_trees and len(tokens) <= settings.exact_rows
         margin = self.margin if (not exact or (settings.strict and self.drift_from is not None)) else 0.0
         gaps: list[float] | None = [] if self.margin > 0.0 else None
         q = None
