@@ -207,3 +207,39 @@ def test_multi_candidate_rule_alone_is_exact():
         counts[verdict.new[0]] += 1
     assert counts[4] == 0
     assert 0.5 * float(np.abs(counts / counts.sum() - p).sum()) < 0.015
+
+
+def test_side_nodes_go_where_they_are_worth_their_verify_row():
+    from specchat.decoding.drafters import Alternative, DraftBudget, Proposal, pick_side
+
+    alts = [
+        Alternative(0, 7, 0.05),
+        Alternative(1, 8, 0.30),
+        Alternative(2, 9, 0.20),
+        Alternative(3, 5, 0.12),
+    ]
+    # no budget (-k N): the `width` most valuable, in position order
+    fixed = Proposal(tokens=[1, 2, 3, 4])
+    pick_side(fixed, alts, 2, None)
+    assert fixed.side == [(1, 8), (2, 9)]
+    # a flat verify curve prices a row low: every alternative worth more than it goes in
+    cheap = Proposal(tokens=[1, 2, 3, 4])
+    pick_side(cheap, alts, 4, DraftBudget(floor=0.1))
+    assert cheap.side == [(1, 8), (2, 9), (3, 5)]
+    # a steep one (a CPU): only the alternative likeliest to be the target's token, or none
+    dear = Proposal(tokens=[1, 2, 3, 4])
+    pick_side(dear, alts, 4, DraftBudget(floor=0.25))
+    assert dear.side == [(1, 8)]
+    none = Proposal(tokens=[1, 2, 3, 4])
+    pick_side(none, alts, 4, DraftBudget(floor=0.5))
+    assert none.side == []
+
+
+def test_the_second_choice_is_the_runner_up_with_its_share_of_the_rest():
+    from specchat.decoding.drafters import second_choice
+
+    logits = np.log(np.array([0.6, 0.1, 0.25, 0.05]))
+    alt = second_choice(logits, 0, 3, 0.5, 0.8, None, np.random.default_rng(0))
+    assert alt is not None and alt.token == 2 and alt.position == 3
+    # reached with 0.5, first rejected with 0.2, then 0.25 of the 0.4 left
+    assert alt.value == pytest.approx(0.5 * 0.2 * 0.25 / 0.4)
