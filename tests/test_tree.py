@@ -238,8 +238,8 @@ def test_side_nodes_go_where_they_are_worth_their_verify_row():
 def test_the_second_choice_is_the_runner_up_with_its_share_of_the_rest():
     from specchat.decoding.drafters import second_choice
 
-    logits = np.log(np.array([0.6, 0.1, 0.25, 0.05]))
-    alt = second_choice(logits, 0, 3, 0.5, 0.8, None, np.random.default_rng(0))
+    logits = np.log(np.array([0.6, 0.1, 0.25, 0.05])) + 3.0
+    alt = second_choice(logits, 0, 0.6, 3, 0.5, 0.8, None, np.random.default_rng(0))
     assert alt is not None and alt.token == 2 and alt.position == 3
     # reached with 0.5, first rejected with 0.2, then 0.25 of the 0.4 left
     assert alt.value == pytest.approx(0.5 * 0.2 * 0.25 / 0.4)

@@ -261,7 +261,7 @@ class ModelDrafter:
             if budget is not None and reach < budget.floor_at(i):
                 break  # not worth even its verify row
             if self.tree_width > 0:
-                alt = second_choice(logits, tok, i, before, chance, q if not params.greedy else None, rng)
+                alt = second_choice(logits, tok, conf, i, before, chance, None if params.greedy else q, rng)
                 if alt is not None:
                     alternatives.append(alt)
             out.tokens.append(tok)
@@ -309,16 +309,18 @@ class Alternative:
 def second_choice(
     logits: np.ndarray,
     first: int,
+    conf: float,
     position: int,
     reach: float,
     chance: float,
     q: np.ndarray | None,
     rng: np.random.Generator,
 ) -> Alternative | None:
-    """The runner-up after `first` at a draft position reached with chance `reach`, where `first` is
-    accepted with `chance`. Greedy: the second-best logit. Sampling: a draw from q without `first`
-    (what multi-candidate rejection sampling expects of a sibling). Its chance of being the target's
-    token when `first` is not: its share of the draft's remaining mass."""
+    """The runner-up after `first` (drawn with confidence `conf`) at a draft position reached with
+    chance `reach`, where `first` is accepted with `chance`. Greedy: the second-best logit. Sampling:
+    a draw from q without `first` (what multi-candidate rejection sampling expects of a sibling).
+    Its chance of being the target's token when `first` is not: its share of the draft's remaining
+    mass (greedy, from `conf` = 1/Z: no second pass over the vocabulary's exponentials)."""
     if q is not None:
         rest = q.copy()
         rest[first] = 0.0
@@ -328,16 +330,15 @@ def second_choice(
         token = sample(rest / mass, rng)
         share = float(rest[token]) / mass
         return Alternative(position, token, reach * (1.0 - chance) * share, q)
-    row = logits.astype(np.float64, copy=False)
-    top = float(row[first])
-    masked = row.copy()
-    masked[first] = -np.inf
-    token = int(np.argmax(masked))
-    if not np.isfinite(masked[token]):
+    if len(logits) < 2 or conf >= 1.0:
         return None
-    weights = np.exp(row - top)
-    rest = float(weights.sum()) - 1.0
-    share = float(weights[token]) / rest if rest > 0.0 else 0.0
+    pair = np.argpartition(logits, len(logits) - 2)[-2:]
+    token = int(max((int(t) for t in pair if t != first), key=lambda t: float(logits[t])))
+    gap = float(logits[token]) - float(logits[first])
+    if not np.isfinite(gap):
+        return None
+    # softmax shares: the runner-up's exp(gap)/Z of the 1 - 1/Z left after `first`
+    share = min(1.0, float(np.exp(gap)) * conf / (1.0 - conf))
     return Alternative(position, token, reach * (1.0 - chance) * share)
 
 

@@ -74,7 +74,7 @@ def teacher_force_draft(
                 for j, row in enumerate(rows):
                     row = np.asarray(row)
                     tok, c = top_prob(row)
-                    alt = second_choice(row, tok, 0, 1.0, 0.0, None, np.random.default_rng(0))
+                    alt = second_choice(row, tok, c, 0, 1.0, 0.0, None, np.random.default_rng(0))
                     trace.right.append(tok == output[start + j])
                     trace.conf.append(c)
                     trace.second_right.append(alt is not None and alt.token == output[start + j])
