@@ -388,12 +388,16 @@ class LlamaModel(VocabQueries):
             b.logits[i] = i in outputs
         b.n_tokens = n
         rc = llama_cpp.llama_decode(self._ctx, b)
+        if self._workers and failed_worker(ggml_lib(), self._workers) is not None:
+            self._drop_side(side)
+            self._decode_failed(base)  # this pass's outputs came from a worker that was gone
+            self._check_workers()
         if rc != 0:
             self._drop_side(side)
             self._decode_failed(base)
             raise EngineError(
                 f"llama.cpp could not decode a tree of {len(tokens)} tokens (code {rc})",
-                "run with --no-tree; --verbose shows llama.cpp's log",
+                "run with --tree-width 0; --verbose shows llama.cpp's log",
             )
         self._tree = (side, tuple(int(t) for t in tokens))
         self._tokens[self._held :] = [*pending, *(int(t) for t in tokens[: shape.chain])]
