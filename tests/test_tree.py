@@ -243,3 +243,45 @@ def test_the_second_choice_is_the_runner_up_with_its_share_of_the_rest():
     assert alt is not None and alt.token == 2 and alt.position == 3
     # reached with 0.5, first rejected with 0.2, then 0.25 of the 0.4 left
     assert alt.value == pytest.approx(0.5 * 0.2 * 0.25 / 0.4)
+
+
+@pytest.mark.parametrize("stop_after", [1, 5, 17])
+def test_tree_rounds_leave_the_caches_consistent_at_an_end_of_generation_and_an_early_close(stop_after: int):
+    from specchat.decoding.drafters import ModelDrafter
+    from specchat.decoding.events import Token
+    from specchat.decoding.loop import FixedK, Settings, generate
+    from specchat.decoding.model import common_prefix_len
+    from specchat.decoding.sampling import SamplingParams
+
+    from .fakes import FakeModel, plain_greedy
+
+    target = FakeModel(seed=7, n_vocab=16, tree_branches=4, sharpness=1.5, eog=(3,))
+    table = target.table + np.random.default_rng(8).standard_normal(target.table.shape)
+    draft = FakeModel(seed=7, n_vocab=16, table=table, eog=(3,))
+    drafter = ModelDrafter(draft, p_min=0.0, tree_width=3)
+    prompt = [1, 2, 4, 5]
+    events = generate(
+        target,
+        prompt,
+        drafters=[drafter],
+        planner=FixedK(4),
+        settings=Settings(max_tokens=60, params=SamplingParams()),
+    )
+    got = []
+    for ev in events:
+        if isinstance(ev, Token):
+            got.append(ev.id)
+            if len(got) == stop_after:
+                events.close()
+                break
+    want = plain_greedy(target, prompt, 60)
+    assert got == want[: len(got)]
+    ended = len(got) < stop_after  # an end-of-generation token, committed but not yielded
+    committed = [*prompt, *got, *([3] if ended else [])]
+    assert len(target.tokens) <= len(committed) - 1
+    assert common_prefix_len(target.tokens, committed) == len(target.tokens)
+    assert common_prefix_len(draft.tokens, committed) == len(draft.tokens)
+    # the next answer starts from what the caches hold, as a chat turn does
+    more = [e.id for e in generate(target, [*committed, 6], drafters=[drafter], planner=FixedK(4),
+                                   settings=Settings(max_tokens=20)) if isinstance(e, Token)]  # fmt: skip
+    assert more == [t for t in plain_greedy(target, [*committed, 6], 20) if not target.is_eog(t)]
