@@ -10,6 +10,9 @@ Each round:
      last row gives one more token (a bonus);
   5. the target's cache is cut back to the committed tokens; draft caches catch up lazily.
 
+A draft model's round may be a token tree (decoding/tree.py): its runner-ups at unsure positions as
+side nodes of the same batch; the walk then follows the target's tokens down the tree.
+
 Invariants, checked by the tests after every round and after early close: the target cache holds
 exactly committed[:-1] (the last committed token is the next round's first input) and each draft
 cache holds a prefix of committed. So the output is the target's own, and stopping anywhere leaves
@@ -34,7 +37,7 @@ from .model import Model, common_prefix_len, sync_cache
 from .processors import AnswerProcessor, LogitsProcessor, ProcessedRows, for_params
 from .sampling import SamplingParams
 from .settings import MAX_TOKENS
-from .tree import judge_tree, tree_batch, tree_room
+from .tree import TreeModel, judge_tree, tree_batch, tree_model
 from .verification import judge
 
 
@@ -374,7 +377,7 @@ class _Answer:
         #: side nodes a round's token tree may have: none where rows are adjusted per path (the
         #: processors, a constraint) or logprobs are asked for, which read a round as a chain
         plain = processor is None and self.walk is None and not logprobs
-        self.tree_room = tree_room(target) if plain else 0
+        self.tree: TreeModel | None = tree_model(target) if plain else None
 
     def prefill(self) -> None:
         """Bring the target cache to the prompt (all but its last token, the first round's input),
@@ -425,15 +428,15 @@ class _Answer:
         )
         del proposal.tokens[max_k:]
         if proposal.side:
-            _fit_side(proposal, self.tree_room)
+            _fit_side(proposal, self.tree.tree_branches if self.tree is not None else 0)
         return _Draft(plan, drafter, routes[plan.drafter], budget, proposal)
 
     def verify(self, draft: _Draft) -> _Verdict:
         """The target decodes [last, d1..dk] in one batch; the drafts are judged against its rows
         (verification.judge), and its cache is cut back to the new committed[:-1]. Raises DeadEnd when a
         constraint allows no token."""
-        if draft.proposal.side:
-            return self._verify_tree(draft)
+        if draft.proposal.side and self.tree is not None:
+            return self._verify_tree(draft, self.tree)
         drafts, settings = draft.proposal.tokens, self.settings
         t_verify = time.perf_counter()
         batch = self.target.decode([self.committed[-1], *drafts], range(len(drafts) + 1))
@@ -479,14 +482,14 @@ class _Answer:
             seconds=time.perf_counter() - t_verify - lp_seconds,
         )
 
-    def _verify_tree(self, draft: _Draft) -> _Verdict:
+    def _verify_tree(self, draft: _Draft, target: TreeModel) -> _Verdict:
         """verify for a token tree (decoding/tree.py): one batch of the root, the chain and its side
         nodes; the tree walk commits the target's tokens along the longest accepted path, and the
         cache keeps that path alone (keep_path), then is cut back as after a chain."""
         proposal, settings = draft.proposal, self.settings
         t_verify = time.perf_counter()
         tokens, shape = tree_batch(self.committed[-1], proposal.tokens, proposal.side)
-        rows = self.target.decode_tree(tokens, shape, range(len(tokens)))  # type: ignore[attr-defined]
+        rows = target.decode_tree(tokens, shape, range(len(tokens)))
         exact = settings.exact_trees and len(tokens) <= settings.exact_rows
         margin = self.margin if (not exact or (settings.strict and self.drift_from is not None)) else 0.0
         gaps: list[float] | None = [] if self.margin > 0.0 else None
@@ -494,7 +497,7 @@ class _Answer:
         if proposal.q is not None:
             q = [None, *proposal.q, *proposal.side_q]
         walked = judge_tree(rows, tokens, shape, self.params, self.rng, self.target.n_vocab, q, margin, gaps)
-        self.target.keep_path(shape, [0, *walked.path])  # type: ignore[attr-defined]
+        target.keep_path(shape, [0, *walked.path])
         on_chain = 0
         while on_chain < len(walked.path) and walked.path[on_chain] == on_chain + 1:
             on_chain += 1

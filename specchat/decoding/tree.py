@@ -35,7 +35,7 @@ import numpy as np
 from .sampling import SamplingParams, align, greedy_gap, probs, sample
 from .settings import TREE_BRANCHES
 
-__all__ = ["TREE_BRANCHES", "TreeModel", "TreeShape", "TreeVerdict", "judge_tree", "tree_batch", "tree_room"]
+__all__ = ["TREE_BRANCHES", "TreeModel", "TreeShape", "TreeVerdict", "judge_tree", "tree_batch", "tree_model"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,9 +131,9 @@ def tree_batch(
     return tokens, TreeShape(tuple(parents))
 
 
-def tree_room(model: object) -> int:
-    """Side branches `model` can verify in one batch (0: chains only)."""
-    return model.tree_branches if isinstance(model, TreeModel) else 0
+def tree_model(model: object) -> TreeModel | None:
+    """`model` as a tree verifier, or None where it verifies chains only."""
+    return model if isinstance(model, TreeModel) and model.tree_branches > 0 else None
 
 
 @dataclass(slots=True)
