@@ -34,7 +34,16 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from .decoding.settings import CTX_SIZE, MAX_TOKENS, SamplingParams, SettingError, is_integer, shown
+from .decoding.settings import (
+    AUTO_TREE_WIDTH,
+    CTX_SIZE,
+    MAX_TOKENS,
+    TREE_BRANCHES,
+    SamplingParams,
+    SettingError,
+    is_integer,
+    shown,
+)
 
 if TYPE_CHECKING:
     from .decoding.events import Event, Stats
@@ -176,6 +185,7 @@ def load(
     verbose: bool = False,
     rpc: str | Sequence[str] | None = None,
     chat_template_kwargs: Mapping[str, Any] | None = None,
+    tree_width: int | None = None,
     **sampling: Any,
 ) -> LoadedModel:
     """Load `target` (an alias from `specchat models`, a .gguf path, hf:ORG/REPO/FILE.gguf or
@@ -193,6 +203,8 @@ def load(
     a draft of another family, ...) is a `warnings.warn` here, and stays in `LoadedModel.warnings`.
     `rpc`: llama.cpp RPC workers (`"HOST:PORT"`, a comma-separated string or a list of them) to split
     the target's layers over, as `run --rpc`; the drafters stay on this machine.
+    `tree_width`: side nodes of a round's token tree at most, as `run --tree-width` (None: its
+    default, 4 under the cost model and 0 with a fixed `k`).
     """
     from .decoding.drafters import default_p_min
     from .models import loader
@@ -206,6 +218,9 @@ def load(
         _integer(name, layers, what="a number of layers (negative: all)", none="for the default")
     _integer("threads", threads, 1, none="for the physical cores")
     _fraction("p_min", p_min)
+    _integer(
+        "tree_width", tree_width, 0, TREE_BRANCHES, what="a number of side nodes", none="for the default"
+    )
     variables = _template_vars(chat_template_kwargs)
     for name, flag in (("offline", offline), ("force", force), ("strict", strict), ("verbose", verbose)):
         _flag(name, flag)
@@ -224,6 +239,7 @@ def load(
         strict=strict,
         verbose=verbose,
         rpc=workers,
+        tree_width=tree_width if tree_width is not None else (AUTO_TREE_WIDTH if k is None else 0),
     )
     loaded = loader.load(cfg)
     for line in loaded.warnings:  # what `run` prints before answering: a stock llama.cpp build, ...

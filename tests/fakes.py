@@ -25,8 +25,13 @@ class FakeModel:
         name: str = "fake",
         table: np.ndarray | None = None,
         order: int = 2,
+        tree_branches: int = 0,
     ) -> None:
         self.name = name
+        #: side branches a token-tree batch may have (decoding/tree.TreeModel; 0: chains only)
+        self.tree_branches = tree_branches
+        self.tree_calls: list[int] = []  # nodes per decode_tree
+        self._tree: tuple[int, list[int]] | None = None  # (root position, tree tokens) until keep_path
         self._n_vocab = n_vocab
         self._n_ctx = n_ctx
         self._tokens: list[int] = []
@@ -72,6 +77,26 @@ class FakeModel:
     def truncate(self, n: int) -> None:
         self.truncate_calls.append(n)
         del self._tokens[n:]
+
+    # --- token trees (decoding/tree.TreeModel) ---------------------------------------------------
+    def decode_tree(self, tokens, shape, logits_rows) -> np.ndarray:
+        if shape.n_branches - 1 > self.tree_branches:
+            raise RuntimeError("fake tree wider than its branches")
+        root = len(self._tokens)
+        self.tree_calls.append(len(tokens))
+        self.decode_calls.append((len(tokens), len(logits_rows)))
+        rows = [
+            self.logits_after([*self._tokens, *(tokens[j] for j in shape.path_to(r))]) for r in logits_rows
+        ]
+        self._tokens.extend(int(t) for t in tokens[: shape.chain])
+        self._tree = (root, list(tokens))
+        return np.array(rows, dtype=np.float32).reshape(len(rows), self._n_vocab)
+
+    def keep_path(self, shape, path) -> None:
+        assert self._tree is not None, "keep_path without a tree batch"
+        root, tokens = self._tree
+        self._tree = None
+        self._tokens[root:] = [tokens[j] for j in path]
 
     def checkpoint(self) -> None:
         """Nothing to keep: a fake cache drops any suffix."""

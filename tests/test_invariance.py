@@ -46,6 +46,16 @@ def test_the_first_width_that_parts_bounds_the_exact_rows_and_every_breaking_cas
     assert "Q8_0" not in verdict.breaks
 
 
+def test_a_token_tree_that_parts_leaves_no_row_verified_and_is_named():
+    verdict = invariance.decide(
+        [_case("Q4_K (repacked)"), _case("token trees (V f16)", 15, kind="tree", row=7, tokens=600)]
+    )
+    assert verdict.status == "fail" and verdict.exact_rows == 1
+    assert "token trees (V f16): node 7 of a 15-node tree" in verdict.line()
+    passed = invariance.decide([_case("Q6_K"), _case("token trees (V bf16)", kind="tree", tokens=600)])
+    assert passed.passed and passed.exact_rows == 49 and "token trees" in passed.line()
+
+
 def test_a_probe_that_crashed_or_printed_no_report_could_not_run():
     crashed = invariance.from_output(-4, "step Q6_K, batches of 2..49 rows\n", "")
     assert crashed.status == "could not run" and "during Q6_K" in crashed.breaks

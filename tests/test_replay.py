@@ -109,3 +109,26 @@ def test_the_replayed_draft_stops_after_a_first_token_below_the_floor_as_model_d
     )
     assert one.tokens == [10]
     assert one.seconds == pytest.approx(one.catch_up_seconds)  # no decode after it, as ModelDrafter
+
+
+def test_replayed_trees_commit_the_answer_and_lift_auto_where_rows_are_cheap() -> None:
+    """A draft whose runner-up is the answer's token wherever its first choice misses: replayed with
+    token trees under a flat (GPU) curve, auto yields at least what chains do, and the replayed
+    target's committed text is the answer's whichever branch each round took."""
+    rnd = random.Random(3)
+    prompt = [rnd.randrange(50, 400) for _ in range(40)]
+    output = [rnd.randrange(50, 400) for _ in range(120)]
+    right = [rnd.random() < 0.6 for _ in output]
+    trace = DraftTrace(right, [0.5] * len(output), [not r for r in right], [0.9] * len(output))
+    curve = next(c for c in published() if c.verify[15] / c.verify[0] < 3.0)
+    r = Replayer((prompt, output, [1e9] * len(output)), trace, 0.0, 49)
+    chains = r.auto(curve, 0)
+    trees = r.auto(curve, 0, tree_width=4)
+    assert trees > chains * 1.02
+    # and a replayed draft proposes side nodes only on the true path, each the answer's token there
+    d = r.draft(curve, 0.0, tree_width=4)
+    d.prepare(r.p)
+    p = d.propose(r.p, 6, SamplingParams(), np.random.default_rng(0))
+    for position, token in p.side:
+        hit = all(right[:position]) and not right[position]
+        assert (token == r.o[position]) == hit

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..decoding.calibration import trees_exact
 from ..decoding.drafters import Drafter
 from ..decoding.events import Done, Stats, Token
 from ..decoding.loop import FixedK, Planner, Settings, generate
@@ -91,6 +92,7 @@ def generate_once(
             params=SamplingParams(temperature=0.0),
             tie_margin=tie_margin,
             exact_rows=exact_rows,
+            exact_trees=trees_exact(exact_rows),
             strict=strict or cfg.strict,
         ),
         rng=np.random.default_rng(0),

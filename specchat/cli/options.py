@@ -33,7 +33,15 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 import typer
 
 from ..decoding.registry import FORM, described, is_model_free, make
-from ..decoding.settings import CTX_SIZE, MAX_TOKENS, SETTINGS, SamplingParams, SettingError
+from ..decoding.settings import (
+    AUTO_TREE_WIDTH,
+    CTX_SIZE,
+    MAX_TOKENS,
+    SETTINGS,
+    TREE_BRANCHES,
+    SamplingParams,
+    SettingError,
+)
 from ..errors import BadInput
 from .common import check_range
 
@@ -77,6 +85,16 @@ PMinOpt = Annotated[
         "--draft-p-min",
         help="Stop drafting when the draft's confidence falls below this (default with -k auto: "
         "none, the cost model decides how far to draft; with -k N: 0.75 greedy, 0.5 sampling).",
+    ),
+]
+TreeWidthOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--tree-width",
+        help="Token trees: a draft model's second candidates at its least sure positions, verified "
+        "in the same target batch as its draft (at most this many per round; 0 = chains only). "
+        "Default: 4 with -k auto, where the cost model adds one only where its verify row pays; "
+        "0 with -k N.",
     ),
 ]
 SeedOpt = Annotated[int | None, typer.Option("--seed", help="Random seed for sampling (repeatable runs).")]
@@ -291,6 +309,8 @@ class Options:
     template_kwargs: dict[str, Any] = field(default_factory=dict)
     #: --rpc as given (HOST:PORT[,...]); checked when built, probed when the models load
     rpc: str | None = None
+    #: --tree-width as given (None: draft_tree_width's default)
+    tree_width: int | None = None
 
     def __post_init__(self) -> None:
         """Check every number before anything slow happens, with the option's name in the message
@@ -298,6 +318,7 @@ class Options:
         check_range("--max-tokens", self.max_tokens, 1)
         check_range("--ctx-size", self.ctx_size, 16)
         check_range("--threads", self.threads, 1)
+        check_range("--tree-width", self.tree_width, 0, TREE_BRANCHES)
         if self.p_min is not None and not (0 <= self.p_min <= 1):
             raise BadInput(f"--draft-p-min must be in [0, 1] (got {self.p_min})")
         for spec in self.drafts:
@@ -315,6 +336,14 @@ class Options:
         from ..decoding.drafters import default_p_min
 
         return self.p_min if self.p_min is not None else default_p_min(self.params, auto=self.k is None)
+
+    @property
+    def draft_tree_width(self) -> int:
+        """Side nodes per round at most: the user's, else AUTO_TREE_WIDTH where the planner prices
+        each (-k auto) and none with a fixed k, which would add them unpriced."""
+        if self.tree_width is not None:
+            return self.tree_width
+        return AUTO_TREE_WIDTH if self.k is None else 0
 
     def drafts_to_load(self, announce: Callable[[str], None] | None = None) -> tuple[str, ...]:
         """The drafters to load: none with --no-draft, the --draft values, else the recommended ones
@@ -352,4 +381,5 @@ class Options:
             strict=self.strict,
             verbose=self.verbose,
             rpc=(self.rpc,) if self.rpc else (),
+            tree_width=self.draft_tree_width,
         )

@@ -35,6 +35,7 @@ from .options import (
     TemplateKwargOpt,
     TemplateKwargsOpt,
     ThreadsOpt,
+    TreeWidthOpt,
     VerboseOpt,
     parse_k,
     parse_template_kwargs,
@@ -58,6 +59,7 @@ def run(
     no_draft: NoDraftOpt = False,
     k: KOpt = "auto",
     p_min: PMinOpt = None,
+    tree_width: TreeWidthOpt = None,
     sampling: SamplingParams = DEFAULT_SAMPLING,  # one option per setting (sampling_options)
     seed: SeedOpt = None,
     max_tokens: MaxTokOpt = MAX_TOKENS,
@@ -100,7 +102,7 @@ def run(
         target, drafts=tuple(draft or ()), no_draft=no_draft, k=parse_k(k), p_min=p_min, params=sampling,
         seed=seed, max_tokens=max_tokens, ctx_size=ctx_size, gpu_layers=gpu_layers,
         draft_gpu_layers=draft_gpu_layers, rpc=rpc, threads=threads, system=system, offline=offline,
-        force=force, strict=strict, verbose=verbose,
+        force=force, strict=strict, verbose=verbose, tree_width=tree_width,
         template_kwargs=parse_template_kwargs(chat_template_kwargs, chat_template_kwarg),
     )  # fmt: skip
     if prompt is None:

@@ -292,6 +292,13 @@ def exact_rows(
     )
 
 
+def trees_exact(exact: int) -> bool:
+    """Whether token-tree batches (decoding/tree.py) round like one-token decoding, given what
+    `exact_rows` returned: only beyond what it measures itself (EXACT_PROBE), where the build's
+    probe showed every verify batch exact, token trees included (llama/invariance.py)."""
+    return exact > EXACT_PROBE
+
+
 def tie_margin(target: Model, *, backend: str = "", use_cache: bool = True) -> float:
     """The greedy tie margin for `Settings.tie_margin`: a top-2 gap that batched-vs-one-token rounding
     cannot overturn. Each logit moves by at most the measured noise, so a gap moves by at most twice

@@ -36,6 +36,11 @@ class Proposal:
     #: one-token draft decodes after the catch-up (which gave the first token's distribution): what
     #: a draft model's cost per token is learned from (a round of one token has none)
     decodes: int = 0
+    #: a token tree's side nodes (decoding/tree.py), as (position, token): an alternative to
+    #: `tokens[position]`, after the same tokens[:position]. Empty: a chain
+    side: list[tuple[int, int]] = field(default_factory=list)
+    #: when sampling, the distribution each side token was drawn from (its position's q)
+    side_q: list[np.ndarray] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,10 +199,12 @@ class ModelDrafter:
     prior = (3.0, 2.0)
     route_priors: Mapping[str, tuple[float, float]] = MappingProxyType({})
 
-    def __init__(self, model: Model, p_min: float) -> None:
+    def __init__(self, model: Model, p_min: float, tree_width: int = 0) -> None:
         self._model = model
         self.name = model.name
         self.p_min: float | None = p_min
+        #: side nodes a round's tree may have at most (Proposal.side; 0: chains only)
+        self.tree_width = tree_width
 
     @property
     def model(self) -> Model:
@@ -233,6 +240,7 @@ class ModelDrafter:
         self._model.checkpoint()
         out.catch_up_seconds = time.perf_counter() - start
         reach = sure = 1.0  # the chance the draft so far is accepted, read to propose / to look ahead
+        alternatives: list[Alternative] = []
         for i in range(k):
             assert logits is not None
             if processor is not None:
@@ -243,13 +251,19 @@ class ModelDrafter:
                 q = probs(logits, params)
                 tok = sample(q, rng)
                 conf = float(q.max())
+            before = reach
+            chance = budget.accept_chance(conf, i) if budget is not None else conf
             if budget is not None:
-                reach *= budget.accept_chance(conf, i)
+                reach *= chance
                 sure *= budget.sure_chance(conf, i)
             if conf < self.p_min:
                 break
             if budget is not None and reach < budget.floor_at(i):
                 break  # not worth even its verify row
+            if self.tree_width > 0:
+                alt = second_choice(logits, tok, conf, i, before, chance, None if params.greedy else q, rng)
+                if alt is not None:
+                    alternatives.append(alt)
             out.tokens.append(tok)
             out.confidence.append(conf)
             if out.q is not None:
@@ -260,6 +274,8 @@ class ModelDrafter:
                 break  # the next position is not worth a draft decode
             logits = self._model.decode([tok], [0])[0]
             out.decodes += 1
+        if alternatives:
+            pick_side(out, alternatives, self.tree_width, budget)
         out.seconds = time.perf_counter() - start
         return out
 
@@ -276,6 +292,73 @@ class ModelDrafter:
 
     def reset(self) -> None:
         self._model.truncate(0)
+
+
+@dataclass(frozen=True, slots=True)
+class Alternative:
+    """A draft position's second candidate, a possible side node of a token tree (decoding/tree.py):
+    `value` is the chance it is the accepted token there (the draft so far accepted, its own token
+    rejected, and this one the target's), which is what its verify row buys."""
+
+    position: int
+    token: int
+    value: float
+    q: np.ndarray | None = None
+
+
+def second_choice(
+    logits: np.ndarray,
+    first: int,
+    conf: float,
+    position: int,
+    reach: float,
+    chance: float,
+    q: np.ndarray | None,
+    rng: np.random.Generator,
+) -> Alternative | None:
+    """The runner-up after `first` (drawn with confidence `conf`) at a draft position reached with
+    chance `reach`, where `first` is accepted with `chance`. Greedy: the second-best logit. Sampling:
+    a draw from q without `first` (what multi-candidate rejection sampling expects of a sibling).
+    Its chance of being the target's token when `first` is not: its share of the draft's remaining
+    mass (greedy, from `conf` = 1/Z: no second pass over the vocabulary's exponentials)."""
+    if q is not None:
+        rest = q.copy()
+        rest[first] = 0.0
+        mass = float(rest.sum())
+        if mass <= 0.0:
+            return None
+        token = sample(rest / mass, rng)
+        share = float(rest[token]) / mass
+        return Alternative(position, token, reach * (1.0 - chance) * share, q)
+    if len(logits) < 2 or conf >= 1.0:
+        return None
+    pair = np.argpartition(logits, len(logits) - 2)[-2:]
+    token = int(max((int(t) for t in pair if t != first), key=lambda t: float(logits[t])))
+    gap = float(logits[token]) - float(logits[first])
+    if not np.isfinite(gap):
+        return None
+    # softmax shares: the runner-up's exp(gap)/Z of the 1 - 1/Z left after `first`
+    share = min(1.0, float(np.exp(gap)) * conf / (1.0 - conf))
+    return Alternative(position, token, reach * (1.0 - chance) * share)
+
+
+def pick_side(
+    out: Proposal, alternatives: Sequence[Alternative], width: int, budget: DraftBudget | None
+) -> None:
+    """Add the most valuable alternatives to `out` as side nodes, at most `width`, each only while
+    its chance of being the accepted token is worth its verify row (the budget's floor for the row
+    it would take: past the chain, so the rows of a deeper batch); without a budget, the `width`
+    least sure positions."""
+    ranked = sorted((a for a in alternatives if a.position < len(out.tokens)), key=lambda a: -a.value)
+    chosen: list[Alternative] = []
+    for alt in ranked[:width]:
+        if budget is not None and alt.value < budget.floor_at(len(out.tokens) + len(chosen)):
+            break
+        chosen.append(alt)
+    for alt in sorted(chosen, key=lambda a: a.position):
+        out.side.append((alt.position, alt.token))
+        if alt.q is not None:
+            out.side_q.append(alt.q)
 
 
 class HeadDrafter(ModelDrafter):

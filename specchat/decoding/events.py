@@ -93,6 +93,10 @@ class Round:
     drifted: int = 0  # tokens this round left in the target cache with batched, not one-token, K/V
     repaired: int = 0  # tokens re-decoded in exact batches after a near-tie on a drifted cache
     repair_seconds: float = 0.0  # time of that repair (not part of `seconds`)
+    #: a token tree's side nodes in the verify batch (decoding/tree.py), and the accepted tokens
+    #: among them; `drafted`, `accepted` and `confidence` count the main chain only
+    side_nodes: int = 0
+    side_accepted: int = 0
 
 
 @dataclass(frozen=True, slots=True)

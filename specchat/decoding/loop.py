@@ -10,6 +10,9 @@ Each round:
      last row gives one more token (a bonus);
   5. the target's cache is cut back to the committed tokens; draft caches catch up lazily.
 
+A draft model's round may be a token tree (decoding/tree.py): its runner-ups at unsure positions as
+side nodes of the same batch; the walk then follows the target's tokens down the tree.
+
 Invariants, checked by the tests after every round and after early close: the target cache holds
 exactly committed[:-1] (the last committed token is the next round's first input) and each draft
 cache holds a prefix of committed. So the output is the target's own, and stopping anywhere leaves
@@ -34,6 +37,7 @@ from .model import Model, common_prefix_len, sync_cache
 from .processors import AnswerProcessor, LogitsProcessor, ProcessedRows, for_params
 from .sampling import SamplingParams
 from .settings import MAX_TOKENS
+from .tree import TreeModel, judge_tree, tree_batch, tree_model
 from .verification import judge
 
 
@@ -134,6 +138,9 @@ class Settings:
     #: verify batches of up to this many rows are bit-identical to one-token decoding (measured:
     #: calibration.exact_batch), so their rows need no margin; 0 = none known
     exact_rows: int = 0
+    #: token-tree batches within `exact_rows` are bit-identical too (calibration.trees_exact: the
+    #: build's probe showed it); otherwise every tree row is judged with the margin
+    exact_trees: bool = False
     #: greedy output equal to one-token decoding token for token, even where batched K/V left in
     #: the cache by a non-exact batch could tip a near-tie: decisions on such a cache use the margin
     #: too, and a near-tie there first re-decodes the drifted span in exact batches (_Answer.repair)
@@ -173,8 +180,8 @@ class Tally:
         self.passes += 1
         self.rechecked += rnd.recheck
         self.repaired += rnd.repaired
-        self.drafted += rnd.drafted
-        self.accepted += rnd.accepted
+        self.drafted += rnd.drafted + rnd.side_nodes
+        self.accepted += rnd.accepted + rnd.side_accepted
         self.k_history.append(rnd.k)
         while len(self.drafted_by_pos) < rnd.drafted:
             self.drafted_by_pos.append(0)
@@ -319,6 +326,9 @@ class _Verdict:
     drifted: int
     logprobs: list[TokenLogprob] | None
     seconds: float
+    #: a tree round's side nodes, and how many of the `accepted` drafts were side nodes
+    side: int = 0
+    side_accepted: int = 0
 
     @property
     def recheck(self) -> bool:
@@ -364,6 +374,10 @@ class _Answer:
         )
         tally.prompt_tokens = len(prompt)
         self.t_decode = 0.0
+        #: side nodes a round's token tree may have: none where rows are adjusted per path (the
+        #: processors, a constraint) or logprobs are asked for, which read a round as a chain
+        plain = processor is None and self.walk is None and not logprobs
+        self.tree: TreeModel | None = tree_model(target) if plain else None
 
     def prefill(self) -> None:
         """Bring the target cache to the prompt (all but its last token, the first round's input),
@@ -413,12 +427,16 @@ class _Answer:
             context, plan.k, self.params, self.rng, budget=budget, processor=self.processor
         )
         del proposal.tokens[max_k:]
+        if proposal.side:
+            _fit_side(proposal, self.tree.tree_branches if self.tree is not None else 0)
         return _Draft(plan, drafter, routes[plan.drafter], budget, proposal)
 
     def verify(self, draft: _Draft) -> _Verdict:
         """The target decodes [last, d1..dk] in one batch; the drafts are judged against its rows
         (verification.judge), and its cache is cut back to the new committed[:-1]. Raises DeadEnd when a
         constraint allows no token."""
+        if draft.proposal.side and self.tree is not None:
+            return self._verify_tree(draft, self.tree)
         drafts, settings = draft.proposal.tokens, self.settings
         t_verify = time.perf_counter()
         batch = self.target.decode([self.committed[-1], *drafts], range(len(drafts) + 1))
@@ -464,6 +482,44 @@ class _Answer:
             seconds=time.perf_counter() - t_verify - lp_seconds,
         )
 
+    def _verify_tree(self, draft: _Draft, target: TreeModel) -> _Verdict:
+        """verify for a token tree (decoding/tree.py): one batch of the root, the chain and its side
+        nodes; the tree walk commits the target's tokens along the longest accepted path, and the
+        cache keeps that path alone (keep_path), then is cut back as after a chain."""
+        proposal, settings = draft.proposal, self.settings
+        t_verify = time.perf_counter()
+        tokens, shape = tree_batch(self.committed[-1], proposal.tokens, proposal.side)
+        rows = target.decode_tree(tokens, shape, range(len(tokens)))
+        exact = settings.exact_trees and len(tokens) <= settings.exact_rows
+        margin = self.margin if (not exact or (settings.strict and self.drift_from is not None)) else 0.0
+        gaps: list[float] | None = [] if self.margin > 0.0 else None
+        q = None
+        if proposal.q is not None:
+            q = [None, *proposal.q, *proposal.side_q]
+        walked = judge_tree(rows, tokens, shape, self.params, self.rng, self.target.n_vocab, q, margin, gaps)
+        target.keep_path(shape, [0, *walked.path])
+        on_chain = 0
+        while on_chain < len(walked.path) and walked.path[on_chain] == on_chain + 1:
+            on_chain += 1
+        n_ok = len(walked.path)
+        self.recheck = len(walked.new) == n_ok
+        # the chain's drafts whose rows were walked: those accepted, and the one rejected there
+        judged = on_chain + (on_chain < len(proposal.tokens) and not (self.recheck and n_ok == on_chain))
+        drifted = self._cut_back(n_ok, batched=not exact)
+        return _Verdict(
+            new=walked.new,
+            accepted=n_ok,
+            judged=judged,
+            margin=margin,
+            gap_rows=len(gaps) if gaps is not None else 0,
+            near_ties=sum(g < self.margin for g in gaps) if gaps is not None else 0,
+            drifted=drifted,
+            logprobs=None,
+            seconds=time.perf_counter() - t_verify,
+            side=len(proposal.side),
+            side_accepted=n_ok - on_chain,
+        )
+
     def _cut_back(self, n_ok: int, *, batched: bool) -> int:
         """Truncate the target cache, which holds committed[:-1] + [last] + drafts, to the new
         committed[:-1]: committed + accepted drafts, minus one when no target token followed them.
@@ -493,7 +549,8 @@ class _Answer:
                 assert draft.drafter is not None
                 yield Token(tok, self.detok.piece(tok), draft.drafter.source, draft.drafter.name, lp)
             else:
-                source = _target_source(verdict.judged, verdict.accepted)
+                chain_ok = verdict.accepted - verdict.side_accepted
+                source = Source.BONUS if verdict.side_accepted else _target_source(verdict.judged, chain_ok)
                 yield Token(tok, self.detok.piece(tok), source, None, lp)
         return emitted, False
 
@@ -536,13 +593,13 @@ def _record(draft: _Draft, verdict: _Verdict, emitted: int, repaired: int, repai
         drafter=draft.drafter.name if draft.drafter is not None else None,
         k=draft.plan.k,
         drafted=verdict.judged,
-        accepted=verdict.accepted,
+        accepted=verdict.accepted - verdict.side_accepted,
         emitted=emitted,
         seconds=verdict.seconds + proposal.seconds,
         draft_seconds=proposal.seconds,
         recheck=verdict.recheck,
         route=draft.route,
-        proposed=len(proposal.tokens),
+        proposed=len(proposal.tokens) + verdict.side,
         catch_up_seconds=proposal.catch_up_seconds,
         draft_decodes=proposal.decodes,
         confidence=tuple(proposal.confidence[: verdict.judged]),
@@ -552,7 +609,20 @@ def _record(draft: _Draft, verdict: _Verdict, emitted: int, repaired: int, repai
         drifted=verdict.drifted,
         repaired=repaired,
         repair_seconds=repair_seconds,
+        side_nodes=verdict.side,
+        side_accepted=verdict.side_accepted,
     )
+
+
+def _fit_side(proposal: Proposal, room: int) -> None:
+    """Keep the side nodes whose chain position survived the round's cut, at most `room` of them
+    (the target's side sequences; none: the round is a chain)."""
+    kept = [(i, (pos, tok)) for i, (pos, tok) in enumerate(proposal.side) if pos < len(proposal.tokens)][
+        :room
+    ]
+    proposal.side = [node for _, node in kept]
+    if proposal.side_q:
+        proposal.side_q = [proposal.side_q[i] for i, _ in kept]
 
 
 def _repair(target: Model, committed: Sequence[int], start: int, rows: int) -> None:

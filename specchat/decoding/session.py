@@ -25,6 +25,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..errors import BadInput, ContextFull
+from .calibration import trees_exact
 from .constraint import Constraint
 from .drafters import Drafter, default_p_min
 from .events import Done, Event, Stats, Token, total
@@ -117,6 +118,7 @@ def answer_events(
             params=params,
             tie_margin=engine.tie_margin,
             exact_rows=engine.exact_rows,
+            exact_trees=trees_exact(engine.exact_rows),
             strict=engine.strict,
             logprobs=logprobs,
             processors=processors,

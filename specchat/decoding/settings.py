@@ -73,6 +73,13 @@ CTX_SIZE = 4096
 #: the bench's, which differ on purpose: see the module docstring)
 MAX_TOKENS = 256
 
+#: side branches a target's context makes room for (llama.engine.LoadOptions.tree_branches, the
+#: most `--tree-width` takes): each is one more llama.cpp sequence of a unified cache
+TREE_BRANCHES = 8
+#: `--tree-width` under -k auto: side nodes a round may have, each added only where the planner's
+#: price of its verify row says it pays (decoding/tree.py)
+AUTO_TREE_WIDTH = 4
+
 
 @dataclass(frozen=True, slots=True)
 class Range:

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from ..decoding.settings import CTX_SIZE
+from ..decoding.tree import TreeShape
 from ..errors import ContextFull, EngineError, ModelFileError
 from .devices import ggml_lib, supports_gpu_offload
 from .lib import llama_cpp
@@ -69,6 +70,10 @@ class LoadOptions:
     #: the RPC workers (`HOST:PORT`) among `devices`: after every decode the model asks whether one
     #: stopped answering, and raises WorkerError naming it (its outputs are not the model's)
     workers: tuple[str, ...] = ()
+    #: side branches a token-tree verify batch may have (decoding/tree.py): the context then holds
+    #: that many more llama.cpp sequences in one unified KV cache (the branches share the committed
+    #: cells, so the cache is no bigger). 0, and always on a recurrent or hybrid model: chains only
+    tree_branches: int = 0
 
 
 #: ggml_type value (ggml.h) for LoadOptions.type_v
@@ -167,15 +172,19 @@ class LlamaModel(VocabQueries):
         cparams.n_ctx = opts.n_ctx
         cparams.n_batch = min(opts.n_batch, opts.n_ctx)
         cparams.n_ubatch = min(opts.n_ubatch, opts.n_batch, opts.n_ctx)
-        cparams.n_seq_max = 1
+        recurrent = bool(llama_cpp.llama_model_is_recurrent(model) or llama_cpp.llama_model_is_hybrid(model))
+        #: side branches a tree batch may have: a recurrent state cannot be forked per branch here
+        self.tree_branches = 0 if recurrent else max(0, opts.tree_branches)
+        cparams.n_seq_max = 1 + self.tree_branches
+        if self.tree_branches:
+            # one cache for all sequences: a branch's cells are the committed context's plus its own
+            cparams.kv_unified = True
         threads = opts.threads or _physical_cores()
         cparams.n_threads = threads
         cparams.n_threads_batch = threads
         if opts.type_v is not None:
             cparams.type_v = opts.type_v
-        self.recurrent = bool(
-            llama_cpp.llama_model_is_recurrent(model) or llama_cpp.llama_model_is_hybrid(model)
-        )
+        self.recurrent = recurrent
         if self.recurrent:
             cparams.n_rs_seq = max(0, opts.snapshots)
         with quiet_stderr(not opts.verbose):
@@ -193,11 +202,13 @@ class LlamaModel(VocabQueries):
         self._n_ctx = min(opts.n_ctx, int(llama_cpp.llama_n_ctx(ctx)))
         self._n_batch = int(llama_cpp.llama_n_batch(ctx))
         self._n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
-        self._batch = llama_cpp.llama_batch_init(self._n_batch, 0, 1)
+        self._batch = llama_cpp.llama_batch_init(self._n_batch, 0, 1 + self.tree_branches)
         #: what the cache holds, logically; llama.cpp holds the first `_held` of them, and the rest
         #: (after a recurrent model went back through a checkpoint) are replayed with the next decode
         self._tokens: list[int] = []
         self._held = 0
+        #: the last tree batch's side sequences and tokens, until keep_path
+        self._tree: tuple[int, tuple[int, ...]] = (0, ())
         self._rollback: Rollback | None = None
         #: whether a rejected draft can be taken back without re-decoding the context: always on an
         #: attention cache; on a recurrent one where llama.cpp can copy its state out (rollback.py)
@@ -256,6 +267,10 @@ class LlamaModel(VocabQueries):
                 batch = pending[len(pending) - front :] + batch
             if wants:
                 rb.checkpoint(self._held)
+        elif rb is None and self._held < len(self._tokens):
+            # a tree's accepted side branch, left to decode here in position order (keep_path)
+            pending = self._tokens[self._held :]
+            batch, front = pending + batch, len(pending)
         return self._run(batch, [r + front for r in logits_rows])
 
     def _run(self, tokens: Sequence[int], logits_rows: Sequence[int]) -> np.ndarray:
@@ -318,6 +333,104 @@ class LlamaModel(VocabQueries):
         if self.on_decoded is not None:
             self.on_decoded(base, count)
 
+    # --- token trees (decoding/tree.py) ----------------------------------------------------------
+    def decode_tree(self, tokens: Sequence[int], shape: TreeShape, logits_rows: Sequence[int]) -> np.ndarray:
+        """Decode a token tree after the cache in ONE llama_decode; the rows asked for, in order.
+
+        Every node carries the sequence ids of the branches through it (TreeShape.branches), branch
+        0 being the cache's own sequence, and each side branch first gets the committed context
+        (llama_memory_seq_cp: in a unified cache the cells are shared, nothing is copied). llama.cpp
+        masks a query by its FIRST sequence id and a cell by all of its own: a node's first id is a
+        branch through it, which every ancestor carries too, so each node attends to the context and
+        its own ancestors only. Tokens a previous keep_path left pending go in front, as the root's
+        ancestors (then they carry every branch). Until keep_path, `tokens` holds the context plus
+        the main chain."""
+        if len(tokens) != len(shape):
+            raise ValueError("one token per tree node")
+        side = shape.n_branches - 1
+        if side > self.tree_branches:
+            raise EngineError(
+                f"a tree of {shape.n_branches} branches needs {side} side sequences; "
+                f"{self.name}'s context has {self.tree_branches}",
+                "this is a bug in specchat; please report it",
+            )
+        if self._ctx is None:
+            raise EngineError(
+                f"{self.name} was already closed", "this is a bug in specchat; please report it"
+            )
+        pending = self._tokens[self._held :]
+        front = len(pending)
+        n = front + len(tokens)
+        if (
+            len(self._tokens) + shape.chain > self._n_ctx
+            or len(self._tokens) + max(shape.depth) + 1 > self._n_ctx
+        ):
+            raise ContextFull(
+                f"{len(self._tokens) + len(tokens)} tokens do not fit in the context window of {self._n_ctx}",
+                "raise --ctx-size or shorten the prompt",
+            )
+        if n > self._n_batch:
+            raise EngineError(f"a tree batch of {n} tokens exceeds n_batch {self._n_batch}")
+        base = self._held
+        for s in range(1, side + 1):
+            llama_cpp.llama_memory_seq_cp(self._mem, 0, s, -1, -1)
+        b = self._batch
+        outputs = {front + r for r in logits_rows}
+        every = list(range(side + 1))
+        for i in range(n):
+            node = i - front
+            b.token[i] = pending[i] if node < 0 else tokens[node]
+            b.pos[i] = base + i if node < 0 else base + front + shape.depth[node]
+            seqs = every if node < 0 else shape.branches[node]
+            b.n_seq_id[i] = len(seqs)
+            for j, s in enumerate(seqs):
+                b.seq_id[i][j] = s
+            b.logits[i] = i in outputs
+        b.n_tokens = n
+        rc = llama_cpp.llama_decode(self._ctx, b)
+        if self._workers and failed_worker(ggml_lib(), self._workers) is not None:
+            self._drop_side(side)
+            self._decode_failed(base)  # this pass's outputs came from a worker that was gone
+            self._check_workers()
+        if rc != 0:
+            self._drop_side(side)
+            self._decode_failed(base)
+            raise EngineError(
+                f"llama.cpp could not decode a tree of {len(tokens)} tokens (code {rc})",
+                "run with --tree-width 0; --verbose shows llama.cpp's log",
+            )
+        self._tree = (side, tuple(int(t) for t in tokens))
+        self._tokens[self._held :] = [*pending, *(int(t) for t in tokens[: shape.chain])]
+        self._held = base + front + shape.chain
+        view = self._logits_view(len(outputs))
+        want = sorted(outputs)
+        order = [want.index(front + r) for r in logits_rows]
+        return view if order == list(range(len(order))) else view[order]
+
+    def keep_path(self, shape: TreeShape, path: Sequence[int]) -> None:
+        """After decode_tree: keep `path`'s nodes (the root first) and drop every other one. The main
+        chain's part stays where it was decoded; nodes of a side branch are dropped too and left
+        pending, decoded in front of the next batch: in the cache they sit after the main chain's
+        rejected cells, and the next tokens would fill those holes before them, so attention would
+        visit the cells out of position order and round differently from one-token decoding."""
+        side, tokens = self._tree
+        self._drop_side(side)
+        self._tree = (0, ())
+        on_chain = 0
+        while on_chain < len(path) and path[on_chain] == on_chain:
+            on_chain += 1
+        root = self._held - shape.chain  # the cache position of node 0
+        keep = root + on_chain
+        if not llama_cpp.llama_memory_seq_rm(self._mem, 0, keep, -1):
+            raise EngineError(f"llama.cpp could not cut {self.name}'s cache back to {keep} tokens")
+        del self._tokens[keep:]
+        self._held = keep
+        self._tokens.extend(int(tokens[node]) for node in path[on_chain:])
+
+    def _drop_side(self, side: int) -> None:
+        for s in range(1, side + 1):
+            llama_cpp.llama_memory_seq_rm(self._mem, s, -1, -1)
+
     def _check_workers(self) -> None:
         """WorkerError naming the first RPC worker of this model that stopped answering."""
         lost = failed_worker(ggml_lib(), self._workers) if self._workers else None
@@ -347,9 +460,15 @@ class LlamaModel(VocabQueries):
         """Drop cached positions >= n. An attention cache drops them; a recurrent state steps back
         through llama.cpp's snapshots where they reach, else goes back to a checkpoint and replays the
         rest with the next decode (rollback.py)."""
+        if self._tree[0] and self._ctx is not None:  # a tree batch never settled: its branches go
+            self._drop_side(self._tree[0])
+            self._tree = (0, ())
         if n >= len(self._tokens) or self._ctx is None:  # closed: nothing left to cut (and no UAF)
             return
         rb = self._rollback
+        if rb is None and n >= self._held:  # only tokens still waiting to be decoded go
+            del self._tokens[n:]
+            return
         if rb is None:
             if not llama_cpp.llama_memory_seq_rm(self._mem, 0, n, -1):
                 raise EngineError(f"llama.cpp could not cut {self.name}'s cache back to {n} tokens")
@@ -382,7 +501,11 @@ class LlamaModel(VocabQueries):
         rb.checkpoint(self._held)
 
     def _flush(self) -> None:
-        """Decode what a rollback left pending, in bit-exact chunks."""
+        """Decode what a rollback (or a tree's side branch) left pending, in bit-exact chunks."""
+        if self._rollback is None:
+            if self._held < len(self._tokens):
+                self._run(self._tokens[self._held :], [])
+            return
         for chunk in replay_chunks(self._tokens[self._held :], 0, alone=True)[0]:
             self._run(chunk, [])
 

@@ -55,6 +55,15 @@ SEQUENCE = 100
 #: tokens of the attention case: past 512 KV cells (llama.cpp pads the KV view to 256 cells)
 LONG_SEQUENCE = 640
 LONG_WIDTHS = (2, 5, 16, 49)
+#: token trees checked on the attention case (decoding/tree.py): a chain with side branches, the
+#: engine's usual layout, and one in breadth-first order, whose siblings are interleaved so that
+#: masked cells lie between a node and its ancestors. Parent of each node, root first
+TREES: tuple[tuple[int, ...], ...] = (
+    (-1, 0, 1, 2, 3, 4, 0, 1, 2, 7, 3),
+    (-1, 0, 0, 0, 1, 1, 2, 3, 4, 4, 6, 7, 8, 10, 12),
+)
+#: context lengths the trees are decoded after: within the first 256-cell KV view, and past 512 cells
+TREE_CONTEXTS = (97, 600)
 PROBE_TIMEOUT = 300.0
 GGML_TYPE_BF16 = 30
 
@@ -89,6 +98,8 @@ def _covered(cases: Sequence[dict[str, Any]]) -> str:
     text = ", ".join(names)
     if attn:
         text += f"; attention to {max(int(c.get('tokens', 0)) for c in attn)} KV cells"
+    if any(c.get("kind") == "tree" for c in cases):
+        text += "; token trees"
     return text
 
 
@@ -101,19 +112,28 @@ def decide(cases: Sequence[dict[str, Any]]) -> Invariance:
     smallest width whose rows differed, 0 when none did), `row` (the first differing row) and `diff`."""
     if not cases:
         return Invariance("could not run", 0, "the probe reported no results")
-    failing = sorted((c for c in cases if int(c.get("first_bad", 0)) > 0), key=lambda c: int(c["first_bad"]))
+    failing = sorted((c for c in cases if int(c.get("first_bad", 0)) > 0), key=_parts_at)
     if not failing:
         return Invariance("pass", min(int(c.get("max_width", MAX_ROWS)) for c in cases), "", tuple(cases))
-    n = int(failing[0]["first_bad"])
+    n = _parts_at(failing[0])
     parts = []
     for c in failing:
         text = f"{c.get('case')} from {c['first_bad']} rows"
         if c.get("kind") == "attention":
             text += f" (row {c.get('row')} of {c.get('tokens')})"
+        if c.get("kind") == "tree":
+            text = f"{c.get('case')}: node {c.get('row')} of a {c['first_bad']}-node tree"
         parts.append(text)
     where = "parts from one-token decoding: " + ", ".join(parts)
     where += f" (max |d logit| {max(float(c.get('diff', 0.0)) for c in failing):.3g})"
     return Invariance("fail", n - 1, where, tuple(cases))
+
+
+def _parts_at(case: dict[str, Any]) -> int:
+    """The batch width from which a failing case shows rows parting. A token tree that parts says
+    nothing about which chain widths are safe (its rows differ in their attention masks, not in
+    their count), so it counts as parting from 2 rows: the build is not shown exact at all."""
+    return 2 if case.get("kind") == "tree" else int(case["first_bad"])
 
 
 def _compare(model: Any, tokens: Sequence[int], widths: Sequence[int]) -> tuple[int, int, float]:
@@ -135,6 +155,36 @@ def _compare(model: Any, tokens: Sequence[int], widths: Sequence[int]) -> tuple[
     return 0, -1, 0.0
 
 
+def _compare_tree(model: Any, tokens: Sequence[int], contexts: Sequence[int]) -> tuple[int, int, float]:
+    """Like _compare for token trees: after each context (written one token at a time), every row
+    of each TREES batch against one-token decoding of its node's path. (rows of the first tree
+    batch that parted or 0, its first differing node, max diff)."""
+    import numpy as np
+
+    from ..decoding.tree import TreeShape
+
+    for n_ctx in contexts:
+        model.truncate(0)
+        for t in tokens[:n_ctx]:
+            model.decode([t], [])
+        for parents in TREES:
+            shape = TreeShape(parents)
+            nodes = [int(t) for t in tokens[n_ctx : n_ctx + len(parents)]]
+            ref = []
+            for node in range(len(shape)):
+                model.truncate(n_ctx)
+                for j in shape.path_to(node):
+                    row = model.decode([nodes[j]], [0])[0]
+                ref.append(np.array(row, copy=True))
+            model.truncate(n_ctx)
+            got = np.array(model.decode_tree(nodes, shape, range(len(shape))), copy=True)
+            model.keep_path(shape, [0])
+            differ = np.nonzero(np.any(got != np.stack(ref), axis=1))[0]
+            if len(differ):
+                return len(shape), int(differ[0]), float(np.abs(got - np.stack(ref)).max())
+    return 0, -1, 0.0
+
+
 def _step(text: str) -> None:
     print(f"step {text}", flush=True)
 
@@ -145,12 +195,14 @@ def probe_cases(
     widths: Sequence[int] = tuple(range(2, MAX_ROWS + 1)),
     long_widths: Sequence[int] = LONG_WIDTHS,
     hybrids: Sequence[str] = HYBRIDS,
+    trees: bool = True,
     say: Callable[[str], None] = _step,
 ) -> list[dict[str, Any]]:
     """Evaluate the probe models on the installed build in this process (the child calls it; tests
     call it with fewer widths), one case dict per weight type and per V type of the attention case."""
     import numpy as np
 
+    from ..decoding.settings import TREE_BRANCHES
     from .engine import LlamaModel, LoadOptions
     from .probe_hybrid import write_probe_hybrid
     from .probe_model import write_probe_gguf
@@ -182,12 +234,21 @@ def probe_cases(
         tokens = [int(t) for t in rng.integers(3, 259, LONG_SEQUENCE)]
         for type_v, name in ((GGML_TYPE_BF16, "bf16"), (None, "f16")):
             say(f"attention past 512 KV cells, V {name}")
-            opts = LoadOptions(n_ctx=n_ctx, gpu_layers=0, repack=True, type_v=type_v)
+            # a target's context: room for token trees' branches in one unified cache
+            opts = LoadOptions(
+                n_ctx=n_ctx, gpu_layers=0, repack=True, type_v=type_v, tree_branches=TREE_BRANCHES
+            )
             with LlamaModel(path, opts) as model:
                 bad, row, diff = _compare(model, tokens, long_widths)
-            found.append({"kind": "attention", "case": f"attention (V {name})", "first_bad": bad, "row": row,
-                          "diff": diff, "tokens": LONG_SEQUENCE, "type_v": name,
-                          "max_width": max(long_widths)})  # fmt: skip
+                found.append({"kind": "attention", "case": f"attention (V {name})", "first_bad": bad,
+                              "row": row, "diff": diff, "tokens": LONG_SEQUENCE, "type_v": name,
+                              "max_width": max(long_widths)})  # fmt: skip
+                if trees:
+                    say(f"token trees after {', '.join(map(str, TREE_CONTEXTS))} KV cells, V {name}")
+                    bad, row, diff = _compare_tree(model, tokens, TREE_CONTEXTS)
+                    found.append({"kind": "tree", "case": f"token trees (V {name})", "first_bad": bad,
+                                  "row": row, "diff": diff, "tokens": max(TREE_CONTEXTS), "type_v": name,
+                                  "max_width": max(long_widths)})  # fmt: skip
     return found
 
 

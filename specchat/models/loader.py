@@ -16,6 +16,7 @@ from ..decoding import registry
 from ..decoding.block import BlockDrafter
 from ..decoding.drafters import Drafter, HeadDrafter, ModelDrafter
 from ..decoding.settings import CTX_SIZE
+from ..decoding.tree import TREE_BRANCHES
 from ..errors import BadInput, ContextFull, ModelFileError
 from ..llama.devices import supports_gpu_offload
 from ..llama.dflash import DFlashBlock
@@ -55,6 +56,8 @@ class LoadConfig:
     strict: bool = False
     #: --rpc: llama.cpp RPC workers (`HOST:PORT`) the target's layers are split over (llama/rpc.py)
     rpc: tuple[str, ...] = ()
+    #: --tree-width: side nodes a draft model's token tree may have per round (0: chains only)
+    tree_width: int = 0
 
 
 @dataclass(slots=True)
@@ -290,6 +293,8 @@ def load(
             # the NextN layers, only where the MTP drafter will use them (they are not part of the
             # target's own forward pass: its output is the same either way)
             load_mtp=head_kind == registry.MTP and head_file is None,
+            # room for token trees (decoding/tree.py), with or without drafters, as above
+            tree_branches=TREE_BRANCHES,
         ),
         name=cfg.target,
     )
@@ -332,7 +337,10 @@ def load(
             )
             out.draft_models.append(dm)
             out.warnings.extend(check_pair(target, dm))
-            out.drafters.append(ModelDrafter(dm, p_min=cfg.p_min))
+            width = cfg.tree_width if target.tree_branches else 0
+            out.drafters.append(
+                ModelDrafter(dm, p_min=cfg.p_min, tree_width=min(width, target.tree_branches))
+            )
         if out.drafters:
             from ..decoding.calibration import K_MAX, exact_rows, tie_margin
             from ..llama.devices import backend_info

@@ -18,7 +18,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from specchat.decoding.drafters import DraftBudget, NgramDrafter, Proposal
+from specchat.decoding.drafters import (
+    Alternative,
+    DraftBudget,
+    NgramDrafter,
+    Proposal,
+    pick_side,
+    second_choice,
+)
 from specchat.decoding.events import Source
 from specchat.decoding.model import common_prefix_len
 from specchat.decoding.processors import AnswerProcessor
@@ -37,10 +44,14 @@ def billed(verify: Sequence[float]) -> list[float]:
 @dataclass(slots=True)
 class DraftTrace:
     """Per output position i: whether the draft's greedy token given the true prefix is output[i],
-    and its confidence (top probability) there."""
+    and its confidence (top probability) there; and for token trees, whether its second choice is
+    output[i] and that choice's share of the mass left after the first (drafters.second_choice).
+    Traces recorded before trees have no second choices (empty): their trees never hit."""
 
     right: list[bool]
     conf: list[float]
+    second_right: list[bool] = field(default_factory=list)
+    second_share: list[float] = field(default_factory=list)
 
 
 def teacher_force_draft(
@@ -56,15 +67,19 @@ def teacher_force_draft(
         for name, (prompt, output, _gaps) in cases.items():
             m.truncate(0)
             m.decode(prompt[:-1], [])
-            right, conf = [], []
+            trace = DraftTrace([], [])
             seq = [prompt[-1], *output[:-1]]
             for start in range(0, len(seq), 64):  # 64 rows of logits at a time (151k floats each)
                 rows = m.decode(seq[start : start + 64], range(len(seq[start : start + 64])))
                 for j, row in enumerate(rows):
-                    tok, c = top_prob(np.asarray(row))
-                    right.append(tok == output[start + j])
-                    conf.append(c)
-            out[name] = DraftTrace(right, conf)
+                    row = np.asarray(row)
+                    tok, c = top_prob(row)
+                    alt = second_choice(row, tok, c, 0, 1.0, 0.0, None, np.random.default_rng(0))
+                    trace.right.append(tok == output[start + j])
+                    trace.conf.append(c)
+                    trace.second_right.append(alt is not None and alt.token == output[start + j])
+                    trace.second_share.append(alt.value if alt is not None else 0.0)
+            out[name] = trace
     return out
 
 
@@ -87,6 +102,8 @@ class ReplayDraftModel:
     batch: Sequence[float]
     name: str = "draft"
     source: Source = Source.DRAFT
+    #: side nodes a round's token tree may have, as ModelDrafter.tree_width
+    tree_width: int = 0
     _cache: list[int] = field(default_factory=list)
 
     def route(self, context: Sequence[int]) -> str | None:
@@ -115,6 +132,7 @@ class ReplayDraftModel:
         i = len(context) - self.n_prompt  # the output position of the first draft
         out = Proposal()
         reach, sure, on_track, decodes = 1.0, 1.0, True, 0
+        alternatives: list[Alternative] = []
         for j in range(k):
             p = i + j
             if p >= len(self.output):
@@ -122,19 +140,29 @@ class ReplayDraftModel:
             if j > 0:
                 decodes += 1  # the previous draft decoded, for this one's distribution
             conf = self.trace.conf[p]
+            before = reach
+            chance = budget.accept_chance(conf, j) if budget is not None else conf
             if budget is not None:
-                reach *= budget.accept_chance(conf, j)
+                reach *= chance
                 sure *= budget.sure_chance(conf, j)
             if conf < self.p_min:
                 break
             if budget is not None and reach < budget.floor_at(j):
                 break  # as ModelDrafter: not worth its verify row
             right = on_track and self.trace.right[p]
+            if self.tree_width > 0 and p < len(self.trace.second_share):
+                # the second choice is the answer's token only on the true path, where the first missed
+                hit = on_track and not right and self.trace.second_right[p]
+                token = self.output[p] if hit else (self.output[p] + 2) % self.n_vocab
+                value = before * (1.0 - chance) * self.trace.second_share[p]
+                alternatives.append(Alternative(j, token, value))
             out.tokens.append(self.output[p] if right else (self.output[p] + 1) % self.n_vocab)
             out.confidence.append(conf)
             on_track = right
             if budget is not None and not budget.looks_ahead(sure, j + 1):
                 break  # as ModelDrafter: the next position is not worth a draft decode
+        if alternatives:
+            pick_side(out, alternatives, self.tree_width, budget)
         # its cache now holds the context and every draft but the last (ModelDrafter decodes those)
         self._cache = [*context, *out.tokens[:-1]]
         if lag > 0:

@@ -33,10 +33,11 @@ import numpy as np
 from replay_curves import Curve
 from replay_draft import ROUND_OVERHEAD, DraftTrace, ReplayDraftModel, billed, hindsight_seconds
 
-from specchat.decoding.calibration import Costs
+from specchat.decoding.calibration import Costs, trees_exact
 from specchat.decoding.drafters import NGRAM_ROUTE_PRIORS, ModelDrafter, NgramDrafter
 from specchat.decoding.events import Done, Round
 from specchat.decoding.loop import FixedK, Planner, Settings, generate
+from specchat.decoding.settings import AUTO_TREE_WIDTH
 
 #: draft lengths tried for the fixed settings, and llama.cpp's p-min values
 FIXED_K = (1, 2, 3, 4, 6, 8, 12, 16)
@@ -63,14 +64,15 @@ class Replayer:
         self.margin, self.exact_n = margin, exact_n
         self._replay = Replay
 
-    def draft(self, curve: Curve, p_min: float) -> ReplayDraftModel:
+    def draft(self, curve: Curve, p_min: float, tree_width: int = 0) -> ReplayDraftModel:
         batch = [x / curve.verify[0] for x in curve.verify]
-        return ReplayDraftModel(len(self.p), self.o, self.trace, self.vocab, p_min, curve.draft, batch)
+        return ReplayDraftModel(len(self.p), self.o, self.trace, self.vocab, p_min, curve.draft, batch,
+                                tree_width=tree_width)  # fmt: skip
 
     def run(self, curve: Curve, planner: Planner, drafters: list, *, margin: bool = True) -> float:  # type: ignore[type-arg]
         spent, made = 0.0, 0
         settings = Settings(max_tokens=len(self.o), tie_margin=self.margin if margin else 0.0,
-                            exact_rows=self.exact_n)  # fmt: skip
+                            exact_rows=self.exact_n, exact_trees=trees_exact(self.exact_n))  # fmt: skip
         bill = billed(curve.verify)
         target = self._replay(self.p, self.o, self.gaps, self.vocab)
         for ev in generate(target, self.p, drafters=drafters, planner=planner, settings=settings):
@@ -80,8 +82,11 @@ class Replayer:
                 made = ev.stats.generated_tokens
         return made * bill[0] / spent
 
-    def auto(self, curve: Curve, seed: int, tune: Callable[[object], None] | None = None) -> float:
-        """specchat's default: AutoPlanner over the draft model and n-gram lookup (as make_planner)."""
+    def auto(
+        self, curve: Curve, seed: int, tune: Callable[[object], None] | None = None, *, tree_width: int = 0
+    ) -> float:
+        """specchat's default: AutoPlanner over the draft model and n-gram lookup (as make_planner);
+        `tree_width` > 0: the draft model's rounds may be token trees of that many side nodes."""
         from specchat.decoding.planner import AutoPlanner
 
         # the curve as a live planner learns it (billed): told the bare curve it thinks rounds
@@ -93,7 +98,7 @@ class Replayer:
                               rng=np.random.default_rng(seed), learn_costs=False)  # fmt: skip
         if tune is not None:
             tune(planner)
-        return self.run(curve, planner, [self.draft(curve, 0.0), NgramDrafter()])
+        return self.run(curve, planner, [self.draft(curve, 0.0, tree_width), NgramDrafter()])
 
     def bound(self, curve: Curve, prompt: list[int], output: list[int]) -> float:
         best = hindsight_seconds(prompt, output, self.gaps, curve.verify, self.margin, self.exact_n,
@@ -110,6 +115,7 @@ def evaluate_case(
         margin, exact_n = curve.margin or 0.0, curve.exact_n
     r = Replayer(case, trace, margin, exact_n)
     res: dict[str, float] = {"auto": statistics.fmean(r.auto(curve, s) for s in range(seeds))}
+    res["auto tree"] = statistics.fmean(r.auto(curve, s, tree_width=AUTO_TREE_WIDTH) for s in range(seeds))
     for k in FIXED_K:
         res[f"spec k{k} draft"] = r.run(curve, FixedK(k), [r.draft(curve, SPECCHAT_P_MIN), NgramDrafter()])
         res[f"spec k{k} ngram"] = r.run(curve, FixedK(k), [NgramDrafter()])
@@ -197,9 +203,10 @@ def report(
     jobs: int = 1,
 ) -> str:
     """Print one markdown table (a row per curve) and per-set detail under it; return the table."""
-    head = ("| curve | shape | auto | best fixed k (specchat) | llama.cpp default (n3 p0) | "
-            "llama.cpp best fixed | best fixed per answer | hindsight | auto / hindsight |")  # fmt: skip
-    rows, detail = [head, "|" + "---|" * 9], []
+    head = ("| curve | shape | auto | auto, token trees | trees / chains | best fixed k (specchat) | "
+            "llama.cpp default (n3 p0) | llama.cpp best fixed | best fixed per answer | hindsight | "
+            "auto / hindsight |")  # fmt: skip
+    rows, detail = [head, "|" + "---|" * 11], []
     for curve, res in zip(curves, evaluate_all(cases, traces, curves, margin, exact_n, seeds=seeds,
                                                 jobs=jobs), strict=True):  # fmt: skip
         spec, llama = best_of(res, "spec "), best_of(res, "llama ")
@@ -212,6 +219,8 @@ def report(
             curve.name,
             curve.shape(),
             f"{g('auto', every):.3f}x",
+            f"{g('auto tree', every):.3f}x",
+            f"{g('auto tree', every) / g('auto', every):.3f}",
             f"{g(spec, every):.3f}x ({spec[5:]})",
             f"{g('llama n3 p0', every):.3f}x",
             f"{g(llama, every):.3f}x ({llama[6:]})",
@@ -224,6 +233,7 @@ def report(
             worst = min(names, key=lambda n: res["auto"][n] / res["bound"][n])
             parts = [
                 f"auto {g('auto', names):.3f}x",
+                f"auto with trees {g('auto tree', names):.3f}x",
                 f"{spec[5:]} {g(spec, names):.3f}x",
                 f"llama n3 p0 {g('llama n3 p0', names):.3f}x",
                 f"{llama[6:]} {g(llama, names):.3f}x",

@@ -65,6 +65,7 @@ from specchat.decoding.calibration import K_MAX, Costs, calibrate, exact_rows, t
 from specchat.decoding.events import Done, Round  # noqa: E402
 from specchat.decoding.loop import Settings, generate  # noqa: E402
 from specchat.decoding.planner import AutoPlanner  # noqa: E402
+from specchat.decoding.settings import TREE_BRANCHES  # noqa: E402
 
 sys.path.insert(0, str(HERE))
 from replay_draft import ROUND_OVERHEAD, DraftTrace, billed, hindsight_seconds, teacher_force_draft  # noqa: E402
@@ -108,6 +109,27 @@ class Replay:
 
     def truncate(self, n: int) -> None:
         del self._tokens[n:]
+
+    #: token trees (decoding/tree.TreeModel): as many side branches as a live target makes room for
+    tree_branches = TREE_BRANCHES
+
+    def decode_tree(self, tokens, shape, rows):  # type: ignore[no-untyped-def]
+        """Each node's row as decode gives it at the node's depth: the recorded token there."""
+        base = len(self._tokens)
+        self._tree = (base, list(tokens))
+        self._tokens.extend(tokens[: shape.chain])
+        out = np.zeros((len(rows), self.vocab), dtype=np.float32)
+        for j, r in enumerate(rows):
+            n = base + shape.depth[r] + 1
+            nxt = self.seq[n] if n < len(self.seq) else 0
+            out[j, nxt] = 10.0
+            if 0 <= n - self.n_prompt < len(self.gaps):
+                out[j, (nxt + 1) % self.vocab] = 10.0 - min(self.gaps[n - self.n_prompt], 9.0)
+        return out
+
+    def keep_path(self, shape, path) -> None:  # type: ignore[no-untyped-def]
+        base, tokens = self._tree
+        self._tokens[base:] = [tokens[j] for j in path]
 
     def checkpoint(self) -> None:
         """Nothing to keep: the replayed cache drops any suffix."""
@@ -287,9 +309,10 @@ def record(args: argparse.Namespace) -> tuple:  # type: ignore[type-arg]
     traces: dict[str, DraftTrace] = {}
     if args.draft:
         known = saved.get("traces", {})
-        missing = {n: c for n, c in cases.items() if n not in known}
+        missing = {n: c for n, c in cases.items() if len(known.get(n, ())) < 4}  # second choices too
         if missing:
-            known.update({n: [t.right, t.conf] for n, t in teacher_force_draft(args.draft, missing).items()})
+            forced = teacher_force_draft(args.draft, missing)
+            known.update({n: [t.right, t.conf, t.second_right, t.second_share] for n, t in forced.items()})
         saved["traces"] = known
         traces = {n: DraftTrace(*known[n]) for n in cases}
     if args.cache:
