@@ -7,6 +7,8 @@ every configuration, then repeat 2, ...), so a slow spell of the machine hits al
 
   server   llama.cpp's `llama-server`, plain (`/completion`, its own `predicted_per_second`)
   specchat `specchat run FILE --no-draft --json` (its `tokens_per_second`), the patched library
+  lowlevel with --lowlevel: llama_cpp's low-level API in a loop (one llama_decode and one argmax per
+           token): what the library costs without specchat's loop
   bench    with --bench: `llama-bench -p 0 -n N -t 2` once with the reference build and, with
            --patched-lib DIR, once with DIR (a build of the patched queue's libggml-cpu.so) in front
            of it on LD_LIBRARY_PATH: the kernels alone, no Python
@@ -15,7 +17,8 @@ Prints one line per type and configuration: the median tok/s and its ratio to ll
 
 Usage:
   python tests/perf/onetoken_types.py LLAMA_BIN_DIR [--types F16,BF16,Q8_0,Q4_K_M] [-n 128]
-      [--repeats 2] [--dir ~/.cache/specchat-dev/onetoken] [--bench] [--patched-lib DIR] [--no-run]
+      [--repeats 2] [--dir ~/.cache/specchat-dev/onetoken] [--lowlevel] [--bench] [--patched-lib DIR]
+      [--no-run]
 LLAMA_BIN_DIR holds llama-quantize, llama-server and llama-bench (a stock build of the tree
 llama-cpp-python vendors). The model files are written once and reused.
 """
@@ -173,6 +176,46 @@ def run_specchat(model: Path, n: int) -> float:
     return float(json.loads(out.stdout)["stats"]["tokens_per_second"])
 
 
+def lowlevel_rate(model: Path, n: int) -> float:
+    """The floor under specchat's loop: llama_cpp's low-level API in this process, one llama_decode
+    and one numpy argmax per token (threads 2, context 2048, as the other configurations run)."""
+    import llama_cpp  # only this configuration needs the library in-process
+
+    llama_cpp.llama_backend_init()
+    mparams = llama_cpp.llama_model_default_params()
+    lm = llama_cpp.llama_model_load_from_file(str(model).encode(), mparams)
+    cparams = llama_cpp.llama_context_default_params()
+    cparams.n_ctx, cparams.n_threads, cparams.n_threads_batch = 2048, 2, 2
+    ctx = llama_cpp.llama_init_from_model(lm, cparams)
+    vocab = llama_cpp.llama_model_get_vocab(lm)
+    n_vocab = llama_cpp.llama_vocab_n_tokens(vocab)
+    buf = (llama_cpp.llama_token * 256)()
+    n_prompt = llama_cpp.llama_tokenize(vocab, PROMPT.encode(), len(PROMPT), buf, 256, False, True)
+    batch = llama_cpp.llama_batch_init(256, 0, 1)
+
+    def step(tokens: list[int], pos: int) -> int:
+        for i, t in enumerate(tokens):
+            batch.token[i], batch.pos[i], batch.n_seq_id[i] = t, pos + i, 1
+            batch.seq_id[i][0], batch.logits[i] = 0, i == len(tokens) - 1
+        batch.n_tokens = len(tokens)
+        if llama_cpp.llama_decode(ctx, batch) != 0:
+            raise SystemExit("llama_decode failed")
+        logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits(ctx), shape=(1, n_vocab))
+        return int(logits[0].argmax())
+
+    token = step(list(buf[:n_prompt]), 0)
+    start = time.perf_counter()
+    for i in range(n):
+        token = step([token], n_prompt + i)
+    return n / (time.perf_counter() - start)
+
+
+def run_lowlevel(model: Path, n: int) -> float:
+    """lowlevel_rate in a fresh process, as every other configuration runs."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--lowlevel-child", str(model), str(n)]
+    return float(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.split()[-1])
+
+
 def run_bench(bin_dir: Path, model: Path, n: int, lib: Path | None) -> float:
     """llama-bench's tg rate (-p 0 -n N -t 2, one repetition); `lib` goes first on LD_LIBRARY_PATH."""
     env = dict(os.environ)
@@ -194,12 +237,18 @@ def main() -> None:
     ap.add_argument("--bench", action="store_true", help="also llama-bench, stock (and --patched-lib)")
     ap.add_argument("--patched-lib", type=Path, help="a folder holding a patched libggml-cpu.so")
     ap.add_argument("--no-run", action="store_true", help="no server/specchat runs (with --bench)")
+    ap.add_argument("--lowlevel", action="store_true", help="also a minimal llama_cpp decode loop")
+    if sys.argv[1:2] == ["--lowlevel-child"]:  # run_lowlevel's child: MODEL N
+        print(f"{lowlevel_rate(Path(sys.argv[2]), int(sys.argv[3])):.3f}")
+        return
     a = ap.parse_args()
     files = model_files(a.bin_dir, a.dir.expanduser(), a.types.split(","))
     configs: dict[str, object] = {}
     if not a.no_run:
         configs["server"] = lambda m: run_server(a.bin_dir, m, a.n)
         configs["specchat"] = lambda m: run_specchat(m, a.n)
+    if a.lowlevel:
+        configs["lowlevel"] = lambda m: run_lowlevel(m, a.n)
     if a.bench:
         configs["bench-stock"] = lambda m: run_bench(a.bin_dir, m, a.n, None)
         if a.patched_lib:
