@@ -7,6 +7,7 @@ every configuration, then repeat 2, ...), so a slow spell of the machine hits al
 
   server   llama.cpp's `llama-server`, plain (`/completion`, its own `predicted_per_second`)
   specchat `specchat run FILE --no-draft --json` (its `tokens_per_second`), the patched library
+  specchat-other  with --other-python PY: the same, with PY's environment (another build of the queue)
   lowlevel with --lowlevel: llama_cpp's low-level API in a loop (one llama_decode and one argmax per
            token): what the library costs without specchat's loop
   bench    with --bench: `llama-bench -p 0 -n N -t 2` once with the reference build and, with
@@ -17,8 +18,8 @@ Prints one line per type and configuration: the median tok/s and its ratio to ll
 
 Usage:
   python tests/perf/onetoken_types.py LLAMA_BIN_DIR [--types F16,BF16,Q8_0,Q4_K_M] [-n 128]
-      [--repeats 2] [--dir ~/.cache/specchat-dev/onetoken] [--lowlevel] [--bench] [--patched-lib DIR]
-      [--no-run]
+      [--repeats 2] [--dir ~/.cache/specchat-dev/onetoken] [--lowlevel] [--other-python PY] [--bench]
+      [--patched-lib DIR] [--no-run]
 LLAMA_BIN_DIR holds llama-quantize, llama-server and llama-bench (a stock build of the tree
 llama-cpp-python vendors). The model files are written once and reused.
 """
@@ -168,11 +169,13 @@ def run_server(bin_dir: Path, model: Path, n: int) -> float:
         proc.wait()
 
 
-def run_specchat(model: Path, n: int) -> float:
-    """`specchat run --no-draft`'s decode rate for the same prompt and token count."""
-    cmd = [sys.executable, "-m", "specchat", "run", str(model), "--no-draft", "--raw", "--temp", "0"]
+def run_specchat(model: Path, n: int, python: str = sys.executable) -> float:
+    """`specchat run --no-draft`'s decode rate for the same prompt and token count (this checkout's
+    specchat, run by `python`: its environment's llama-cpp-python build)."""
+    cmd = [python, "-m", "specchat", "run", str(model), "--no-draft", "--raw", "--temp", "0"]
     cmd += ["-n", str(n), "--json", "-t", "2", "-c", "2048", "-p", PROMPT]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True, env=os.environ)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env)
     return float(json.loads(out.stdout)["stats"]["tokens_per_second"])
 
 
@@ -238,6 +241,7 @@ def main() -> None:
     ap.add_argument("--patched-lib", type=Path, help="a folder holding a patched libggml-cpu.so")
     ap.add_argument("--no-run", action="store_true", help="no server/specchat runs (with --bench)")
     ap.add_argument("--lowlevel", action="store_true", help="also a minimal llama_cpp decode loop")
+    ap.add_argument("--other-python", help="also specchat with this interpreter's llama-cpp-python build")
     if sys.argv[1:2] == ["--lowlevel-child"]:  # run_lowlevel's child: MODEL N
         print(f"{lowlevel_rate(Path(sys.argv[2]), int(sys.argv[3])):.3f}")
         return
@@ -247,6 +251,8 @@ def main() -> None:
     if not a.no_run:
         configs["server"] = lambda m: run_server(a.bin_dir, m, a.n)
         configs["specchat"] = lambda m: run_specchat(m, a.n)
+    if a.other_python:
+        configs["specchat-other"] = lambda m: run_specchat(m, a.n, a.other_python)
     if a.lowlevel:
         configs["lowlevel"] = lambda m: run_lowlevel(m, a.n)
     if a.bench:
