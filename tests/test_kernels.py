@@ -16,6 +16,7 @@ import ctypes
 import platform
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -199,3 +200,44 @@ def test_the_repacked_q6_K_kernel_gives_every_row_the_one_row_result(nrows: int)
     assert np.array_equal(got, one), f"rows differ: {sorted(set(np.nonzero(got != one)[0].tolist()))}"
     gap = np.abs(one - ref).max() / np.abs(ref).max()
     assert gap <= 1e-5, f"not vec_dot's values: largest difference {gap:.2e} of the largest value"
+
+
+def _float_rows_kernels(cpu: ctypes.CDLL, name: str) -> tuple[Any, Any]:
+    """(several-rows kernel, one-row vec_dot) of the float verify-rows patch, typed for ctypes."""
+    i32, ptr, size = ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t
+    rows, one = getattr(cpu, f"ggml_vec_dot_{name}_rows"), getattr(cpu, f"ggml_vec_dot_{name}")
+    rows.argtypes, rows.restype = [i32, ptr, size, ptr, ptr, size, i32], None  # n, s, bs, x, y, by, nrc
+    one.argtypes = [i32, ptr, size, ptr, size, ptr, size, i32]  # n, s, bs, x, bx, y, by, nrc
+    one.restype = None
+    return rows, one
+
+
+def _half_bits(values: np.ndarray, name: str) -> np.ndarray:
+    """float32 values as F16 or BF16 bit patterns (BF16: the top half of each float32)."""
+    if name == "f16":
+        return values.astype(np.float16).view(np.uint16)
+    return (values.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+
+
+@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="x86 code")
+@pytest.mark.parametrize("name", ["f16", "bf16"])
+@pytest.mark.parametrize("n", [1024, 1000])
+@pytest.mark.parametrize("nrows", [2, 3, 4, 5, 7, 8, 9, 16])
+def test_the_several_rows_float_kernels_give_every_row_the_one_row_result(name: str, n: int, nrows: int):
+    """The float verify-rows patch's kernels (one weight row against several activation rows, the
+    weights loaded once per group of 4 or 8 rows) equal the one-row vec_dot on every row, bit for bit:
+    groups of 8, 4 and 2 and a row left over; n = 1000 leaves a tail past the last full vector step."""
+    _, cpu = _libraries(f"ggml_vec_dot_{name}_rows", f"ggml_vec_dot_{name}")
+    rows_kernel, one_row = _float_rows_kernels(cpu, name)
+    cpu.ggml_cpu_init()  # the fp16 table the scalar tail reads through
+    rng = np.random.default_rng(nrows * 7 + n)
+    stride = n + 24  # activation rows apart by more than n values, as a strided batch would be
+    x = _half_bits(rng.standard_normal(n) / np.sqrt(n), name)
+    y = _half_bits(rng.standard_normal((nrows, stride)), name)
+    got = np.full(nrows * 3, np.nan, dtype=np.float32)  # results 3 floats apart: the bs stride
+    want = np.full(nrows, np.nan, dtype=np.float32)
+    rows_kernel(n, got.ctypes.data, 3, x.ctypes.data, y.ctypes.data, stride * 2, nrows)
+    for r in range(nrows):
+        one_row(n, want[r:].ctypes.data, 0, x.ctypes.data, 0, y[r].ctypes.data, 0, 1)
+    assert np.isfinite(want).all() and np.abs(want).max() > 0  # real results, not untouched buffers
+    assert np.array_equal(got[::3], want), f"rows differ: {np.nonzero(got[::3] != want)[0].tolist()}"

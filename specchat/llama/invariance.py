@@ -9,7 +9,7 @@ bits and a near-tie can go the other way. specchat's patch queue (patches/llama.
 `specchat.llama.build`) makes them agree; this probe checks that the installed build really does, for
 every weight type the registry ships, so the planner trusts every verify row only where it was shown.
 
-How: for each weight type (Q4_K repacked and not, Q6_K, Q5_K, Q8_0, F16 and the smaller Q4_0/Q5_0) a
+How: for each weight type (Q4_K repacked and not, Q6_K, Q5_K, Q8_0, F16, BF16 and the smaller Q4_0/Q5_0) a
 tiny model (probe_model) decodes a token sequence one token at a time, then again in batches of n for
 every n in 2..MAX_ROWS, each batch's K/V written by the batches before it, and every row must equal
 the one-token row bit for bit. Attention is checked the same way over a sequence that runs past 512
@@ -45,6 +45,7 @@ CASES: tuple[tuple[str, bool], ...] = (
     ("Q5_K", True),
     ("Q8_0", True),
     ("F16", True),
+    ("BF16", True),
     ("Q4_0", True),
     ("Q5_0", True),
 )

@@ -27,6 +27,7 @@ PROBE_SHAPES = {"n_embd": 256, "n_ff": 512, "n_head": 4, "n_head_kv": 2, "n_voca
 GGML_TYPES = {
     "F32": (0, 1, 4),
     "F16": (1, 1, 2),
+    "BF16": (30, 1, 2),
     "Q4_0": (2, 32, 18),
     "Q5_0": (6, 32, 22),
     "Q8_0": (8, 32, 34),
@@ -35,18 +36,22 @@ GGML_TYPES = {
     "Q6_K": (14, 256, 210),
 }
 #: the GGUF general.file_type (llama_ftype) a file of all-`type` weights declares
-FILE_TYPES = {"F16": 1, "Q4_0": 2, "Q5_0": 8, "Q8_0": 7, "Q4_K": 15, "Q5_K": 17, "Q6_K": 18}
+FILE_TYPES = {"F16": 1, "BF16": 32, "Q4_0": 2, "Q5_0": 8, "Q8_0": 7, "Q4_K": 15, "Q5_K": 17, "Q6_K": 18}
 
 
 def _blocks(qtype: str, n_out: int, n_in: int, rng: Any, gain: float = 1.0) -> bytes:
     """Random weights for an (n_out, n_in) matrix with values of std ~ gain / sqrt(n_in).
 
     Quantised types: the quants are random bytes and only the scales are set (`spread` is the std of
-    one block's decoded integers), so every value decodes to a finite number. F16: normal values."""
+    one block's decoded integers), so every value decodes to a finite number. F16 and BF16: normal
+    values (BF16 as the top half of each float32, which numpy has no type for)."""
     import numpy as np
 
-    if qtype == "F16":
-        return (rng.standard_normal((n_out, n_in)) * gain / np.sqrt(n_in)).astype(np.float16).tobytes()
+    if qtype in ("F16", "BF16"):
+        values = rng.standard_normal((n_out, n_in)) * gain / np.sqrt(n_in)
+        if qtype == "F16":
+            return values.astype(np.float16).tobytes()
+        return (values.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16).tobytes()
     _, block, size = GGML_TYPES[qtype]
     n_blocks = n_out * n_in // block
     raw = rng.integers(0, 256, size=(n_blocks, size), dtype=np.uint8)
