@@ -31,13 +31,14 @@ import numpy as np
 
 from .constraint import Constraint, DeadEnd, Walk
 from .drafters import DraftBudget, Drafter, Proposal
-from .events import Done, DrafterStats, Event, Notice, Round, RouteStats, Source, Stats, Token
+from .events import Done, Event, Notice, Round, Source, Token
 from .logprobs import TokenLogprob, token_logprob
 from .model import Model, common_prefix_len, sync_cache
 from .processors import AnswerProcessor, LogitsProcessor, ProcessedRows, for_params
 from .sampling import SamplingParams
 from .settings import MAX_TOKENS
-from .tree import TreeModel, judge_tree, tree_batch, tree_model
+from .tally import Tally
+from .tree import TreeModel, fit_side, tree_model, verify_tree
 from .verification import judge
 
 
@@ -154,71 +155,6 @@ class Settings:
     #: logits processors of the caller's own, applied after those the sampling settings ask for
     #: (penalties, logit bias: processors.for_params) to every row a token is decided from
     processors: tuple[LogitsProcessor, ...] = ()
-
-
-@dataclass(slots=True)
-class Tally:
-    """Running totals. Callers may pass their own to read partial stats after an interrupt."""
-
-    prompt_tokens: int = 0
-    prefill_tokens: int = 0
-    generated: int = 0
-    prefill_seconds: float = 0.0
-    decode_seconds: float = 0.0
-    drafted: int = 0
-    accepted: int = 0
-    passes: int = 0
-    drafted_by_pos: list[int] = field(default_factory=list)
-    accepted_by_pos: list[int] = field(default_factory=list)
-    k_history: list[int] = field(default_factory=list)
-    drafters: dict[str, DrafterStats] = field(default_factory=dict)
-    rechecked: int = 0
-    repaired: int = 0
-    routes: dict[tuple[str, str | None], RouteStats] = field(default_factory=dict)
-
-    def add_round(self, rnd: Round) -> None:
-        self.passes += 1
-        self.rechecked += rnd.recheck
-        self.repaired += rnd.repaired
-        self.drafted += rnd.drafted + rnd.side_nodes
-        self.accepted += rnd.accepted + rnd.side_accepted
-        self.k_history.append(rnd.k)
-        while len(self.drafted_by_pos) < rnd.drafted:
-            self.drafted_by_pos.append(0)
-            self.accepted_by_pos.append(0)
-        for i in range(rnd.drafted):
-            self.drafted_by_pos[i] += 1
-            self.accepted_by_pos[i] += i < rnd.accepted
-        if rnd.drafter is not None:
-            name, route = rnd.drafter, rnd.route
-            one = DrafterStats(
-                name, rounds=1, drafted=rnd.drafted, accepted=rnd.accepted, seconds=rnd.draft_seconds
-            )
-            self.drafters[name] = self.drafters.get(name, DrafterStats(name)) + one
-            on_route = RouteStats(
-                name, route, rounds=1, drafted=rnd.drafted, accepted=rnd.accepted, rechecked=int(rnd.recheck)
-            )
-            self.routes[name, route] = self.routes.get((name, route), RouteStats(name, route)) + on_route
-
-    def snapshot(self, stop_reason: str) -> Stats:
-        return Stats(
-            prompt_tokens=self.prompt_tokens,
-            prefill_tokens=self.prefill_tokens,
-            generated_tokens=self.generated,
-            prefill_seconds=self.prefill_seconds,
-            decode_seconds=self.decode_seconds,
-            drafted=self.drafted,
-            accepted=self.accepted,
-            target_passes=self.passes,
-            stop_reason=stop_reason,
-            accepted_by_position=tuple(self.accepted_by_pos),
-            drafted_by_position=tuple(self.drafted_by_pos),
-            drafters=tuple(self.drafters.values()),
-            k_history=tuple(self.k_history),
-            rechecked=self.rechecked,
-            repaired=self.repaired,
-            routes=tuple(self.routes.values()),
-        )
 
 
 class Detokenizer:
@@ -428,7 +364,7 @@ class _Answer:
         )
         del proposal.tokens[max_k:]
         if proposal.side:
-            _fit_side(proposal, self.tree.tree_branches if self.tree is not None else 0)
+            fit_side(proposal, self.tree.tree_branches if self.tree is not None else 0)
         return _Draft(plan, drafter, routes[plan.drafter], budget, proposal)
 
     def verify(self, draft: _Draft) -> _Verdict:
@@ -483,41 +419,28 @@ class _Answer:
         )
 
     def _verify_tree(self, draft: _Draft, target: TreeModel) -> _Verdict:
-        """verify for a token tree (decoding/tree.py): one batch of the root, the chain and its side
-        nodes; the tree walk commits the target's tokens along the longest accepted path, and the
-        cache keeps that path alone (keep_path), then is cut back as after a chain."""
-        proposal, settings = draft.proposal, self.settings
+        """verify for a token tree (tree.verify_tree), then the cut-back as after a chain."""
         t_verify = time.perf_counter()
-        tokens, shape = tree_batch(self.committed[-1], proposal.tokens, proposal.side)
-        rows = target.decode_tree(tokens, shape, range(len(tokens)))
-        exact = settings.exact_trees and len(tokens) <= settings.exact_rows
-        margin = self.margin if (not exact or (settings.strict and self.drift_from is not None)) else 0.0
+        rows = 1 + len(draft.proposal.tokens) + len(draft.proposal.side)
+        exact = self.settings.exact_trees and rows <= self.settings.exact_rows
+        strict = self.settings.strict and self.drift_from is not None
+        margin = self.margin if (not exact or strict) else 0.0
         gaps: list[float] | None = [] if self.margin > 0.0 else None
-        q = None
-        if proposal.q is not None:
-            q = [None, *proposal.q, *proposal.side_q]
-        walked = judge_tree(rows, tokens, shape, self.params, self.rng, self.target.n_vocab, q, margin, gaps)
-        target.keep_path(shape, [0, *walked.path])
-        on_chain = 0
-        while on_chain < len(walked.path) and walked.path[on_chain] == on_chain + 1:
-            on_chain += 1
-        n_ok = len(walked.path)
-        self.recheck = len(walked.new) == n_ok
-        # the chain's drafts whose rows were walked: those accepted, and the one rejected there
-        judged = on_chain + (on_chain < len(proposal.tokens) and not (self.recheck and n_ok == on_chain))
-        drifted = self._cut_back(n_ok, batched=not exact)
+        done = verify_tree(target, self.committed[-1], draft.proposal, self.params, self.rng, margin, gaps)
+        self.recheck = len(done.new) == len(done.path)
+        drifted = self._cut_back(len(done.path), batched=not exact)
         return _Verdict(
-            new=walked.new,
-            accepted=n_ok,
-            judged=judged,
+            new=done.new,
+            accepted=len(done.path),
+            judged=done.judged,
             margin=margin,
             gap_rows=len(gaps) if gaps is not None else 0,
             near_ties=sum(g < self.margin for g in gaps) if gaps is not None else 0,
             drifted=drifted,
             logprobs=None,
             seconds=time.perf_counter() - t_verify,
-            side=len(proposal.side),
-            side_accepted=n_ok - on_chain,
+            side=len(draft.proposal.side),
+            side_accepted=len(done.path) - done.on_chain,
         )
 
     def _cut_back(self, n_ok: int, *, batched: bool) -> int:
@@ -612,17 +535,6 @@ def _record(draft: _Draft, verdict: _Verdict, emitted: int, repaired: int, repai
         side_nodes=verdict.side,
         side_accepted=verdict.side_accepted,
     )
-
-
-def _fit_side(proposal: Proposal, room: int) -> None:
-    """Keep the side nodes whose chain position survived the round's cut, at most `room` of them
-    (the target's side sequences; none: the round is a chain)."""
-    kept = [(i, (pos, tok)) for i, (pos, tok) in enumerate(proposal.side) if pos < len(proposal.tokens)][
-        :room
-    ]
-    proposal.side = [node for _, node in kept]
-    if proposal.side_q:
-        proposal.side_q = [proposal.side_q[i] for i, _ in kept]
 
 
 def _repair(target: Model, committed: Sequence[int], start: int, rows: int) -> None:

@@ -32,10 +32,21 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from .drafters import Proposal
 from .sampling import SamplingParams, align, greedy_gap, probs, sample
 from .settings import TREE_BRANCHES
 
-__all__ = ["TREE_BRANCHES", "TreeModel", "TreeShape", "TreeVerdict", "judge_tree", "tree_batch", "tree_model"]
+__all__ = [
+    "TREE_BRANCHES",
+    "TreeModel",
+    "TreeShape",
+    "TreeVerdict",
+    "fit_side",
+    "judge_tree",
+    "tree_batch",
+    "tree_model",
+    "verify_tree",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,3 +239,47 @@ def _multi_candidate(
             mass = left.sum()
             shared = left / mass if mass > 0.0 else left
     return None, sample(p, rng)
+
+
+@dataclass(slots=True)
+class TreeRound:
+    """verify_tree's outcome: the committed tokens and accepted nodes (TreeVerdict), how many of
+    those are the main chain's, and the chain drafts judged (accepted, and the one rejected there)."""
+
+    new: list[int]
+    path: list[int]
+    on_chain: int
+    judged: int
+
+
+def verify_tree(
+    target: TreeModel,
+    root: int,
+    proposal: Proposal,
+    params: SamplingParams,
+    rng: np.random.Generator,
+    margin: float = 0.0,
+    gaps: list[float] | None = None,
+) -> TreeRound:
+    """One tree round on the target: the batch of `root` (the last committed token), the proposal's
+    chain and side nodes, walked (judge_tree); the target then keeps the accepted path alone."""
+    tokens, shape = tree_batch(root, proposal.tokens, proposal.side)
+    rows = target.decode_tree(tokens, shape, range(len(tokens)))
+    q = None if proposal.q is None else [None, *proposal.q, *proposal.side_q]
+    walked = judge_tree(rows, tokens, shape, params, rng, len(rows[0]), q, margin, gaps)
+    target.keep_path(shape, [0, *walked.path])
+    on_chain = 0
+    while on_chain < len(walked.path) and walked.path[on_chain] == on_chain + 1:
+        on_chain += 1
+    stopped_on_chain = len(walked.new) == len(walked.path) == on_chain  # a near-tie on the chain
+    judged = on_chain + (on_chain < len(proposal.tokens) and not stopped_on_chain)
+    return TreeRound(walked.new, walked.path, on_chain, judged)
+
+
+def fit_side(proposal: Proposal, room: int) -> None:
+    """Keep the side nodes whose chain position survived the round's cut, at most `room` of them
+    (the target's side sequences; none: the round is a chain)."""
+    kept = [i for i, (pos, _) in enumerate(proposal.side) if pos < len(proposal.tokens)][:room]
+    proposal.side = [proposal.side[i] for i in kept]
+    if proposal.side_q:
+        proposal.side_q = [proposal.side_q[i] for i in kept]
