@@ -137,9 +137,7 @@ def test_a_worker_of_another_build_is_told_by_its_tag_when_one_is_expected():
         assert probe(ep, timeout=5).version == (7, 0, 42)  # not compared
     with (
         fake_worker(rpc_worker(version=(7, 0, 0))) as ep,  # llama.cpp's own ggml-rpc-server
-        pytest.raises(
-            WorkerError, match=r"another llama.cpp build than this one \(its tag 0, here 42\)"
-        ),
+        pytest.raises(WorkerError, match=r"another llama.cpp build than this one \(its tag 0, here 42\)"),
     ):
         probe(ep, timeout=5, build_tag=42)
 
