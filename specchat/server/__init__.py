@@ -10,5 +10,6 @@ llama_cpp or `specchat.llama` (the CLI hands it loaded models), nor `specchat.cl
   responses.py  and its responses: response and chunk bodies, usage, logprobs
   stops.py      stop strings: cut at the first one, hold back text that may be the start of one
   worker.py     the one generation thread, its bounded queue, cancellation and shutdown
+  availability.py  503 while a split target's RPC worker is gone, and the models loaded anew after
   app.py        Starlette routes, API-key check, server-sent events, uvicorn in a thread
 """

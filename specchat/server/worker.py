@@ -24,11 +24,8 @@ A job is cancelled by its client hanging up or by shutdown: the worker sees it a
 closes the generator, which leaves both caches holding a prefix of what was committed (see
 loop.generate), so the next request reuses them safely.
 
-A target split over RPC workers loses the layers a worker held when that worker dies (their weights
-and K/V lived in its memory). The answer in flight ends with 503 naming the worker; from then on each
-request is answered 503 with that reason until `revive` (given by `serve`) finds every worker answering
-again and loads the models anew, which the worker tries before each request and every
-`REVIVE_SECONDS` while idle. Quick jobs keep being answered from the old models' vocabulary meanwhile.
+A target split over RPC workers whose worker dies answers 503 until the models are loaded anew
+(availability.py); quick jobs keep being answered from the old models' vocabulary meanwhile.
 """
 
 from __future__ import annotations
@@ -56,6 +53,7 @@ from ..decoding.session import Engine, answer_events, follow_temperature
 from ..decoding.settings import SettingError
 from ..errors import ContextFull, SpecchatError, WorkerError
 from .api import GenRequest
+from .availability import Availability, unavailable
 from .echo import prompt_logprobs
 from .fields import ApiError
 from .responses import LogprobEntry, Progress, finish_reason, logprob_entry
@@ -68,11 +66,8 @@ T = TypeVar("T")
 QUICK_QUEUE = 64
 #: How long the idle loop sleeps between looks at its queue and at pending signal handlers (see _loop).
 IDLE_WAKE_SECONDS = 0.25
-#: How often an idle worker whose RPC worker was lost asks again whether it is back (see Worker.revive).
-REVIVE_SECONDS = 5.0
-
 #: Loads the models again once every RPC worker answers (WorkerError, touching nothing, while one does
-#: not): the new backend and its prompt cache.
+#: not): the new backend and its prompt cache (availability.py).
 Revive = Callable[[], "tuple[Backend, PromptCache | None]"]
 
 
@@ -211,13 +206,8 @@ class Worker:
         self._seconds = 5.0  # running mean of a job's duration, for Retry-After
         self._warned: set[str] = set()  # template warnings logged already
         self._thread: threading.Thread | None = None
-        #: a split target's RPC worker stopped answering: why (the 503's message) until `revive` loads
-        #: the models again; None while every layer is reachable
-        self._lost: str | None = None
-        #: the models were closed for a reload that then failed: nothing can be answered any more
-        self._broken: str | None = None
-        self._revive = revive
-        self._last_revive = 0.0
+        #: a split target's RPC worker lost, and the models' revival (availability.py)
+        self._available: Availability[tuple[Backend, PromptCache | None]] = Availability(revive, log)
 
     # --- the model thread -------------------------------------------------------------------------
     def run(self) -> None:
@@ -278,9 +268,9 @@ class Worker:
                 "waiting": len(self._waiting),
                 "stopping": self._stopping,
             }
-        if self._broken is not None or self._lost is not None:
-            out["unavailable"] = self._broken or self._lost
-        if self.cache is not None and self._broken is None:
+        if self._available.reason is not None:
+            out["unavailable"] = self._available.reason
+        if self.cache is not None and self._available.broken is None:
             out["prompt_cache"] = self.cache.status()
         return out
 
@@ -314,7 +304,7 @@ class Worker:
             self._run_quick()
             with self._cond:
                 while not self._waiting and not self._quick and not self._stopping:
-                    if self._revive_due():
+                    if self._available.due():
                         break
                     # never an unbounded wait: `specchat serve` runs this loop on the main thread, and a
                     # Ctrl-C the kernel hands to another thread runs Python's handler only once the main
@@ -329,20 +319,18 @@ class Worker:
                 else:
                     job = self._current = self._waiting.popleft()
             if job is None:  # idle, and time to ask whether a lost RPC worker is back
-                self._try_revive()
+                self._take(self._available.try_revive())
                 continue
             start = time.monotonic()
             try:
                 if not job.cancelled:
-                    self._check_available()
+                    self._take(self._available.check())  # 503 while a worker is gone
                     self._run(job)
             except ApiError as exc:  # the request cannot be served as sent: its client is told why
                 job.emit(exc)
             except WorkerError as exc:  # an RPC worker of a split target went away: not the request's fault
                 self.log(f"error: {exc}")
-                self._lost = _lost_line(exc)
-                self._last_revive = time.monotonic()
-                job.emit(_unavailable(self._lost))
+                job.emit(self._available.worker_lost(exc))
             except Exception as exc:  # an engine failure: this request fails, the server keeps serving
                 self.log(f"error: generation failed:\n{traceback.format_exc().rstrip()}")
                 job.emit(ApiError(f"generation failed: {_one_line(exc)}", status=500, type="server_error"))
@@ -351,44 +339,11 @@ class Worker:
                     self._current = None
                     self._seconds = 0.7 * self._seconds + 0.3 * (time.monotonic() - start)
 
-    def _revive_due(self) -> bool:
-        """Whether an idle worker should ask again now whether a lost RPC worker is back."""
-        return (
-            self._lost is not None
-            and self._broken is None
-            and self._revive is not None
-            and time.monotonic() - self._last_revive >= REVIVE_SECONDS
-        )
-
-    def _check_available(self) -> None:
-        """503 while a split target's RPC worker is gone (asked again first: a restarted worker is
-        taken back here, before the request that finds it)."""
-        if self._lost is not None and self._broken is None:
-            self._try_revive()
-        if self._broken is not None or self._lost is not None:
-            raise _unavailable(self._broken or self._lost or "")
-
-    def _try_revive(self) -> None:
-        """Load the models again if every RPC worker answers; otherwise keep the reason up to date."""
-        if self._lost is None or self._revive is None or self._broken is not None:
-            return
-        self._last_revive = time.monotonic()
-        try:
-            backend, cache = self._revive()
-        except WorkerError as exc:  # still gone: nothing was touched
-            self._lost = _lost_line(exc)
-            return
-        except Exception as exc:  # the old models were closed and the new ones did not load
-            self._broken = (
-                f"the models could not be loaded again after an RPC worker came back: {_one_line(exc)} "
-                "(restart specchat serve)"
-            )
-            self.log(f"error: {self._broken}")
-            return
-        self.backend, self.cache = backend, cache
-        self._planner = backend.planner(self.k) if backend.drafters else None
-        self._lost = None
-        self.log("every RPC worker answers again: the models are loaded anew and serving")
+    def _take(self, revived: tuple[Backend, PromptCache | None] | None) -> None:
+        """Serve from models loaded anew (availability.py), with a planner of their own."""
+        if revived is not None:
+            self.backend, self.cache = revived
+            self._planner = self.backend.planner(self.k) if self.backend.drafters else None
 
     def _run_quick(self) -> None:
         """Run the quick jobs waiting now (on the model thread, between rounds or requests)."""
@@ -399,8 +354,8 @@ class Worker:
                 fn, future = self._quick.popleft()
             if not future.set_running_or_notify_cancel():
                 continue  # its client left
-            if self._broken is not None:
-                future.set_exception(_unavailable(self._broken))
+            if self._available.broken is not None:
+                future.set_exception(unavailable(self._available.broken))
                 continue
             try:
                 future.set_result(fn(self.backend))
@@ -591,18 +546,6 @@ def token_prompt(tokens: Sequence[int], target: Model) -> list[int]:
             "raise --ctx-size or shorten the prompt",
         )
     return list(tokens)
-
-
-def _lost_line(exc: WorkerError) -> str:
-    """Why requests get 503 while an RPC worker is gone, and what brings the server back."""
-    return (
-        f"{exc.message}; once `specchat worker` runs there again the server loads the target anew by itself"
-    )
-
-
-def _unavailable(reason: str) -> ApiError:
-    """503 while the models cannot answer (an RPC worker of the split target is gone)."""
-    return ApiError(reason, status=503, type="server_error", code="worker_unavailable")
 
 
 def _shutting_down() -> ApiError:
