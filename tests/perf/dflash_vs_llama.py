@@ -2,8 +2,9 @@
 
 Not a test (pytest does not collect it). Every configuration runs as its own process, one at a time,
 repeat 1 of all of them, then repeat 2 ...: specchat `run --raw --json` plain and with `--draft
-dflash:model=D -k N --draft-p-min 0`, and llama-server on 127.0.0.1 plain and with `-md D --spec-type
-draft-dflash --spec-draft-n-max N --spec-draft-p-min 0`, for N in 4, 8, 15; the same text with no
+dflash:model=D` (the auto planner) and `-k N --draft-p-min 0`, and llama-server on 127.0.0.1 plain
+and with `-md D --spec-type draft-dflash --spec-draft-n-max N --spec-draft-p-min 0`, for N in 4, 8,
+15; the same text with no
 template, greedy, the same number of tokens. Decode speed only (prompt processing excluded): specchat's
 stats and llama-server's `timings.predicted_per_second`; acceptance from specchat's stats and
 llama-server's `draft_n` / `draft_n_accepted`. Ratios are to specchat's plain decoding in the same run;
@@ -42,6 +43,8 @@ def configs(drafter: str, n_max: list[int]) -> dict[str, tuple[str, list[str], i
     out: dict[str, tuple[str, list[str], int | None]] = {
         "specchat plain": ("specchat", ["--no-draft"], None),
         "llama plain": ("llama", [], None),
+        # what a user runs: the block drafter under the auto planner, no depth or threshold given
+        "specchat dflash auto": ("specchat", ["--draft", f"dflash:model={drafter}"], None),
     }
     for n in n_max:
         out[f"specchat dflash -k {n}"] = (
