@@ -30,6 +30,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -81,7 +82,9 @@ def cost_model(target: str, extra: list[str]) -> list[str]:
 
 def start_worker(port: int) -> subprocess.Popen[str]:
     argv = [sys.executable, "-m", "specchat", "worker", "--port", str(port), "--threads", "2"]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+    # its output is a line per connection: to a file, as a pipe nobody reads fills up and stops it
+    log = open(Path(tempfile.gettempdir()) / f"specchat-worker-{port}.log", "w")  # noqa: SIM115
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
     from specchat.errors import WorkerError
     from specchat.llama.rpc_wire import Endpoint, probe
 
@@ -92,9 +95,7 @@ def start_worker(port: int) -> subprocess.Popen[str]:
             return proc
         except WorkerError:
             if proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(
-                    f"the worker did not start: {proc.stdout.read() if proc.stdout else ''}"
-                ) from None
+                raise SystemExit(f"the worker did not start (its log: {log.name})") from None
             time.sleep(0.3)
 
 
@@ -110,9 +111,10 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=3)
     ap.add_argument("--only", default="", help="comma-separated configuration names")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--ports", help="WORKER,PROXY (fixed ports keep the split's calibration between runs)")
     args = ap.parse_args()
 
-    wport, pport = free_port(), free_port()
+    wport, pport = map(int, args.ports.split(",")) if args.ports else (free_port(), free_port())
     direct, proxied = f"127.0.0.1:{wport}", f"127.0.0.1:{pport}"
     ngl = str(args.gpu_layers)
     split = ["--gpu-layers", ngl]
