@@ -38,7 +38,7 @@ import numpy as np
 
 from ..decoding.model import common_prefix_len
 from ..errors import EngineError, IncompatiblePair, ModelFileError
-from .eagle3 import LAYER_INPUT_ARCHS, layer_input_calls
+from .eagle3 import layer_input_calls, tapped_layers
 from .engine import LlamaModel, load_model_file
 from .head import MAX_PENDING_STATES, model_meta
 from .lib import llama_cpp
@@ -280,23 +280,7 @@ def _checked_layers(calls: Any, model: object, target: LlamaModel, path: Path) -
             f"{name} is no DFlash drafter (architecture {arch})",
             "give the drafter's GGUF, converted with convert_hf_to_gguf.py --target-model-dir",
         )
-    target_arch = target.meta("general.architecture")
-    if target_arch not in LAYER_INPUT_ARCHS:
-        raise IncompatiblePair(
-            f"llama.cpp hands out no layer inputs of {target_arch} models, which the DFlash drafter "
-            f"{name} reads",
-            f"DFlash runs on {', '.join(sorted(LAYER_INPUT_ARCHS))} targets; draft with another --draft",
-        )
-    n = int(calls.target_layer_ids_n(model))
-    ptr = calls.target_layer_ids(model)
-    layers = tuple(int(ptr[i]) for i in range(n)) if ptr else ()
-    n_layer = target.n_layer
-    if not layers or not all(0 <= i < n_layer for i in layers):
-        raise IncompatiblePair(
-            f"the DFlash drafter {name} reads target layers {list(layers)}, but {target.name} has "
-            f"{n_layer} (llama.cpp gives the inputs of layers 0 to {n_layer - 1})",
-            "use the drafter converted for this model (--target-model-dir)",
-        )
+    layers = tapped_layers(calls, model, target, name, "DFlash", "drafter")
     width = int(llama_cpp.llama_model_n_embd(target.raw_model))
     own = int(llama_cpp.llama_model_n_embd(model))
     n_vocab = int(llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(model)))

@@ -241,6 +241,40 @@ class Eagle3Head(CachedHead):
             self._model = None
 
 
+def tapped_layers(
+    calls: _Calls,
+    model: object,
+    target: LlamaModel,
+    name: str,
+    kind: str,
+    noun: str,
+    count: int | None = None,
+) -> tuple[int, ...]:
+    """The target layers a drafter file (`name`, a `kind` `noun`: an EAGLE-3 head, a DFlash drafter)
+    reads through llama.cpp's layer taps, shared by both: one line when the target's graph hands out
+    no layer inputs, or when the layers (`count` of them, where the kind fixes it) are not all the
+    target's."""
+    reader = f"the {kind} {noun} {name}"
+    target_arch = target.meta("general.architecture")
+    if target_arch not in LAYER_INPUT_ARCHS:
+        raise IncompatiblePair(
+            f"llama.cpp hands out no layer inputs of {target_arch} models, which {reader} reads",
+            f"{kind} runs on {', '.join(sorted(LAYER_INPUT_ARCHS))} targets; draft with another --draft",
+        )
+    n = int(calls.target_layer_ids_n(model))
+    ptr = calls.target_layer_ids(model)
+    layers = tuple(int(ptr[i]) for i in range(n)) if ptr else ()
+    n_layer = target.n_layer
+    wrong_count = not layers if count is None else len(layers) != count
+    if wrong_count or not all(0 <= i < n_layer for i in layers):
+        raise IncompatiblePair(
+            f"{reader} reads target layers {list(layers)}, but {target.name} has "
+            f"{n_layer} (llama.cpp gives the inputs of layers 0 to {n_layer - 1})",
+            f"use the {noun} converted for this model (--target-model-dir)",
+        )
+    return layers
+
+
 def _checked_layers(calls: _Calls, model: object, target: LlamaModel, path: Path) -> tuple[int, ...]:
     """The target layers the head reads, once everything llama.cpp would assert on is checked: that
     it is an EAGLE-3 head, that the target's graph hands out layer inputs, and that the head was made
@@ -252,23 +286,7 @@ def _checked_layers(calls: _Calls, model: object, target: LlamaModel, path: Path
             f"{name} is no EAGLE-3 head (architecture {arch})",
             "give the head's GGUF, converted with convert_hf_to_gguf.py --target-model-dir",
         )
-    target_arch = target.meta("general.architecture")
-    if target_arch not in LAYER_INPUT_ARCHS:
-        raise IncompatiblePair(
-            f"llama.cpp hands out no layer inputs of {target_arch} models, which the EAGLE-3 head "
-            f"{name} reads",
-            f"EAGLE-3 runs on {', '.join(sorted(LAYER_INPUT_ARCHS))} targets; draft with another --draft",
-        )
-    n = int(calls.target_layer_ids_n(model))
-    ptr = calls.target_layer_ids(model)
-    layers = tuple(int(ptr[i]) for i in range(n)) if ptr else ()
-    n_layer = target.n_layer
-    if len(layers) != N_TARGET_LAYERS or not all(0 <= i < n_layer for i in layers):
-        raise IncompatiblePair(
-            f"the EAGLE-3 head {name} reads target layers {list(layers)}, but {target.name} has "
-            f"{n_layer} (llama.cpp gives the inputs of layers 0 to {n_layer - 1})",
-            "use the head converted for this model (--target-model-dir)",
-        )
+    layers = tapped_layers(calls, model, target, name, "EAGLE-3", "head", N_TARGET_LAYERS)
     hidden = model_meta(model, f"{EAGLE3_ARCH}.target_hidden_size")
     width = int(llama_cpp.llama_model_n_embd(target.raw_model))
     if hidden is None or not hidden.isdigit() or int(hidden) != width:
