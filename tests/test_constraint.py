@@ -30,6 +30,7 @@ class OracleDrafter:
     name = "oracle"
     source = Source.DRAFT
     model = None
+    per_pass = False
     prior = (1.0, 1.0)
     route_priors: dict[str, tuple[float, float]] = {}  # noqa: RUF012 (a protocol attribute, never changed)
     p_min = None

@@ -95,6 +95,7 @@ class Lookup:
         self.name, self.after, self.proposal = name, after, proposal
         self.source = NgramDrafter.source
         self.model, self.prior, self.route_priors, self.p_min = None, (1.0, 1.0), {}, None
+        self.per_pass = False
         self.prepared: list[int] = []
 
     def route(self, context):

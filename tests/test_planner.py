@@ -863,3 +863,47 @@ def test_a_model_drafter_counts_its_decodes_after_the_catch_up():
     drafter = ModelDrafter(FakeModel(n_vocab=16, seed=3), p_min=0.0)
     out = drafter.propose([1, 2, 3], 4, SamplingParams(), np.random.default_rng(0))
     assert len(out.tokens) == 4 and out.decodes == 3  # the last proposed token is never decoded
+
+
+def test_a_block_drafters_pass_is_learned_and_priced_once_per_round():
+    """A block drafter (per_pass) pays one pass per round whatever its length: once its rounds have
+    shown what the pass costs, the planner drafts deeper to spread it, and not at all where even an
+    always-right block cannot pay for it."""
+    rates_of = {"any": (20.0, 5.0)}  # accepted ~80% of the time: a good drafter
+    mid_v = [0.010 + 0.003 * i for i in range(9)]  # a verify curve between the CPU's and a GPU's
+
+    def planner() -> AutoPlanner:
+        return AutoPlanner(
+            Costs(list(mid_v), [0.0], exact_n=len(mid_v)),  # every batch exact: no ties to price
+            [(20.0, 5.0)],
+            model_free=[True],
+            per_pass=[True],
+            route_priors=[rates_of],
+            explore=False,
+        )
+
+    free = planner()
+    k_free = free.plan(8, ["any"]).k
+    assert k_free > 0 and free.pass_cost == [0.0]  # nothing measured yet: priced as free
+
+    dear = planner()
+    for _ in range(3):  # rounds whose drafting took what a target token takes
+        plan = dear.plan(8, ["any"])
+        dear.observe(Round("block", 2, 2, 2, 3, mid_v[2] + mid_v[0], draft_seconds=mid_v[0]), plan)
+    assert dear.pass_cost[0] == pytest.approx(mid_v[0])
+    k_dear = dear.plan(8, ["any"]).k
+    assert k_dear > k_free  # a fixed cost per round: longer blocks spread it
+
+    hopeless = planner()
+    hopeless.observe(Round("block", 2, 2, 2, 3, 1.0, draft_seconds=20 * mid_v[0]), hopeless.plan(8, ["any"]))
+    assert not hopeless.can_pay(0)
+    assert hopeless.plan(8, ["any"]).drafter is None
+
+
+def test_a_seeded_planner_does_not_learn_a_block_pass():
+    """Under a seed the planner's choices must not follow timing: the pass stays unpriced."""
+    planner = AutoPlanner(
+        Costs(list(CPU_V), [0.0]), [(20.0, 5.0)], model_free=[True], per_pass=[True], learn_costs=False
+    )
+    planner.observe(Round("block", 2, 2, 2, 3, 1.0, draft_seconds=0.5), planner.plan(8, ["any"]))
+    assert planner.pass_cost == [0.0]

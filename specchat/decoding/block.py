@@ -6,7 +6,8 @@ alone, so position i's token is drawn from its row without looking at the tokens
 that is still a distribution that depends only on what precedes the draft, so the verifier's
 rejection sampling stays exact when the rows are handed over as q. The drafter reads where to stop
 from each row's top probability (its confidence), as a draft model does, but pays nothing per
-position: the whole block costs one pass, so only the verify rows a token would take are priced.
+position: the whole block costs one pass, which the planner prices once per round (the fixed cost
+of drafting at all), and each token only the verify row it would take.
 """
 
 from __future__ import annotations
@@ -65,9 +66,10 @@ class BlockDrafter:
     #: trained on the target's own features, like a head
     prior = (4.0, 2.0)
     route_priors: Mapping[str, tuple[float, float]] = MappingProxyType({})
-    #: its passes are not priced per token: the planner treats its proposals as free (a block costs
-    #: one pass whatever its length) and judges it by acceptance
+    #: no model to price per token (model None): a block costs one pass whatever its length, and the
+    #: planner prices that pass on every round it drafts (per_pass), learned from the rounds
     model: Model | None = None
+    per_pass = True
 
     def __init__(self, block: BlockModel, p_min: float) -> None:
         self._block = block

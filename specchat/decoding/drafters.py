@@ -124,6 +124,9 @@ class Drafter(Protocol):
     #: and learned, it must catch up on tokens committed while it was idle (lag), and its cache is
     #: what the server's prompt cache saves; a model-free drafter's proposals are free to the planner
     model: Model | None
+    #: its draft costs one pass per round whatever its length (a block drafter): the planner prices
+    #: that pass on every round it drafts, learned from its rounds, rather than a cost per token
+    per_pass: bool
     #: Beta(a, b) prior of a drafted token's acceptance before any evidence on its routes
     prior: tuple[float, float]
     #: per-route priors (route() names) that override `prior` where they are known
@@ -195,6 +198,7 @@ class ModelDrafter:
     only decodes the tokens committed since its last proposal (usually one or two)."""
 
     source = Source.DRAFT
+    per_pass = False  # one decode per drafted token: priced per token
     #: a draft of the target's own family agrees with it more often than not from the start
     prior = (3.0, 2.0)
     route_priors: Mapping[str, tuple[float, float]] = MappingProxyType({})
@@ -436,6 +440,7 @@ class NgramDrafter:
 
     source = Source.NGRAM
     model = None
+    per_pass = False
     prior = (1.0, 1.0)
     route_priors: Mapping[str, tuple[float, float]] = MappingProxyType(NGRAM_ROUTE_PRIORS)
     p_min = None  # a lookup has no confidence; the planner's per-route statistics judge it

@@ -160,7 +160,10 @@ class AutoPlanner:
 
     `model_free[i]`: drafter i runs no model (Drafter.model is None): its proposals are free, its
     cost is never learned, and it drafts the planned k (a draft model is handed a deeper cap and
-    stops itself, by the budget).
+    stops itself, by the budget). `per_pass[i]`: drafter i pays one pass per round whatever it
+    proposes (a block drafter): that pass, learned from its rounds, is a fixed cost of every round it
+    drafts, so it drafts deeper or not at all where the pass is dear (0 until a round has measured it,
+    and under a seed, whose choices must not follow timing).
     """
 
     def __init__(
@@ -169,6 +172,7 @@ class AutoPlanner:
         priors: Sequence[tuple[float, float]],
         *,
         model_free: Sequence[bool],
+        per_pass: Sequence[bool] = (),
         k_max: int = K_MAX,
         rng: np.random.Generator | None = None,
         explore: bool = True,
@@ -178,6 +182,10 @@ class AutoPlanner:
     ) -> None:
         self.costs = costs
         self.model_free = list(model_free)
+        self.per_pass = list(per_pass) or [False] * len(self.model_free)
+        #: per drafter, seconds one drafting round costs whatever its length (per_pass drafters)
+        self.pass_cost = [0.0] * len(self.model_free)
+        self._passes_seen = [0] * len(self.model_free)
         # per drafter, priors for the routes it knows something about (n-gram match lengths)
         self.route_priors = list(route_priors)
         self.calibrated = list(costs.verify)
@@ -249,7 +257,7 @@ class AutoPlanner:
         """Whether this drafter could beat plain decoding even if every draft were accepted
         (`v`: the verify curve up to k_max, when the caller has it already)."""
         v = self._verify_curve(self.k_max) if v is None else v
-        return self._always_right_k(drafter, v) > 0
+        return self._always_right_k(drafter, v, overhead=self.pass_cost[drafter]) > 0
 
     def _best_k(
         self, drafter: int, rates: Sequence[float], v: list[float], overhead: float = 0.0
@@ -364,7 +372,7 @@ class AutoPlanner:
             behind = self._catch_up_cost(i, lags)
             # what it is behind even when it drafts every round
             steady = min(behind, STEADY_LAG * self._catch_up_price(i))
-            k_i, speed = self._best_k(i, rates, v, overhead=steady)
+            k_i, speed = self._best_k(i, rates, v, overhead=steady + self.pass_cost[i])
             if k_i > 0 and behind > steady:
                 # the rest is paid once and serves the rounds it drafts from then on (CATCH_UP_SHARE)
                 horizon = max(1.0, CATCH_UP_SHARE * (self._expected_answer - self._generated))
@@ -454,6 +462,11 @@ class AutoPlanner:
         if self.learn_costs and steps > 0 and drafting > 0 and not self.model_free[drafter]:
             per = drafting / steps
             self.costs.draft[drafter] += EMA * (per - self.costs.draft[drafter])
+        if self.learn_costs and drafting > 0 and self.per_pass[drafter]:
+            # a running mean over its first rounds, then an EMA that follows the machine
+            seen = self._passes_seen[drafter]
+            self.pass_cost[drafter] += max(EMA, 1.0 / (seen + 1)) * (drafting - self.pass_cost[drafter])
+            self._passes_seen[drafter] = seen + 1
 
 
 def _full_tokens(budget: DraftBudget, confidence: Sequence[float]) -> int:
@@ -511,6 +524,7 @@ def make_planner(loaded: LoadedModels, k: int | None, *, seed: int | None = None
         costs,
         [d.prior for d in drafters],
         model_free=[d.model is None for d in drafters],
+        per_pass=[d.per_pass for d in drafters],
         rng=np.random.default_rng(seed),
         learn_costs=seed is None,
         route_priors=[d.route_priors for d in drafters],
