@@ -202,14 +202,15 @@ def test_the_repacked_q6_K_kernel_gives_every_row_the_one_row_result(nrows: int)
     assert gap <= 1e-5, f"not vec_dot's values: largest difference {gap:.2e} of the largest value"
 
 
-def _float_rows_kernels(cpu: ctypes.CDLL, name: str) -> tuple[Any, Any]:
-    """(several-rows kernel, one-row vec_dot) of the float verify-rows patch, typed for ctypes."""
+def _float_block_kernels(cpu: ctypes.CDLL, name: str) -> tuple[Any, Any]:
+    """(weight rows x activation rows kernel, one-row vec_dot) of the float verify-rows patch, typed."""
     i32, ptr, size = ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t
-    rows, one = getattr(cpu, f"ggml_vec_dot_{name}_rows"), getattr(cpu, f"ggml_vec_dot_{name}")
-    rows.argtypes, rows.restype = [i32, ptr, size, ptr, ptr, size, i32], None  # n, s, bs, x, y, by, nrc
+    block, one = getattr(cpu, f"ggml_vec_dot_{name}_block"), getattr(cpu, f"ggml_vec_dot_{name}")
+    # n, s, bs, x, bx, nw, y, by, nr
+    block.argtypes, block.restype = [i32, ptr, size, ptr, size, i32, ptr, size, i32], None
     one.argtypes = [i32, ptr, size, ptr, size, ptr, size, i32]  # n, s, bs, x, bx, y, by, nrc
     one.restype = None
-    return rows, one
+    return block, one
 
 
 def _half_bits(values: np.ndarray, name: str) -> np.ndarray:
@@ -221,23 +222,30 @@ def _half_bits(values: np.ndarray, name: str) -> np.ndarray:
 
 @pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="x86 code")
 @pytest.mark.parametrize("name", ["f16", "bf16"])
-@pytest.mark.parametrize("n", [1024, 1000])
-@pytest.mark.parametrize("nrows", [2, 3, 4, 5, 7, 8, 9, 16])
-def test_the_several_rows_float_kernels_give_every_row_the_one_row_result(name: str, n: int, nrows: int):
-    """The float verify-rows patch's kernels (one weight row against several activation rows, the
-    weights loaded once per group of 4 or 8 rows) equal the one-row vec_dot on every row, bit for bit:
-    groups of 8, 4 and 2 and a row left over; n = 1000 leaves a tail past the last full vector step."""
-    _, cpu = _libraries(f"ggml_vec_dot_{name}_rows", f"ggml_vec_dot_{name}")
-    rows_kernel, one_row = _float_rows_kernels(cpu, name)
+@pytest.mark.parametrize("n", [1024, 1000, 8960])
+@pytest.mark.parametrize(("nw", "nrows"), [(1, 2), (3, 3), (4, 4), (5, 7), (4, 8), (9, 9), (2, 16), (7, 16)])
+def test_the_several_rows_float_kernels_give_every_row_the_one_row_result(
+    name: str, n: int, nw: int, nrows: int
+):
+    """The float verify-rows patch's kernels (tiles of weight rows x activation rows, every vector loaded
+    once for a whole row or column of the tile) equal the one-row vec_dot on every product, bit for bit:
+    full tiles and partial ones on both sides; n = 1000 leaves a tail past the last full vector step,
+    n = 8960 (an FFN's down projection) runs the steps in several chunks."""
+    _, cpu = _libraries(f"ggml_vec_dot_{name}_block", f"ggml_vec_dot_{name}")
+    block_kernel, one_row = _float_block_kernels(cpu, name)
     cpu.ggml_cpu_init()  # the fp16 table the scalar tail reads through
-    rng = np.random.default_rng(nrows * 7 + n)
-    stride = n + 24  # activation rows apart by more than n values, as a strided batch would be
-    x = _half_bits(rng.standard_normal(n) / np.sqrt(n), name)
+    rng = np.random.default_rng(nrows * 7 + n + nw)
+    stride = n + 24  # rows apart by more than n values, as strided weights and batches would be
+    x = _half_bits(rng.standard_normal((nw, stride)) / np.sqrt(n), name)
     y = _half_bits(rng.standard_normal((nrows, stride)), name)
-    got = np.full(nrows * 3, np.nan, dtype=np.float32)  # results 3 floats apart: the bs stride
-    want = np.full(nrows, np.nan, dtype=np.float32)
-    rows_kernel(n, got.ctypes.data, 3, x.ctypes.data, y.ctypes.data, stride * 2, nrows)
+    bs = nw + 3  # each activation row's results nw + 3 floats apart
+    got = np.full(nrows * bs, np.nan, dtype=np.float32)
+    want = np.full((nrows, nw), np.nan, dtype=np.float32)
+    block_kernel(n, got.ctypes.data, bs, x.ctypes.data, stride * 2, nw, y.ctypes.data, stride * 2, nrows)
     for r in range(nrows):
-        one_row(n, want[r:].ctypes.data, 0, x.ctypes.data, 0, y[r].ctypes.data, 0, 1)
+        for w in range(nw):
+            one_row(n, want[r, w:].ctypes.data, 0, x[w].ctypes.data, 0, y[r].ctypes.data, 0, 1)
+    got = got.reshape(nrows, bs)
+    assert np.isnan(got[:, nw:]).all(), "wrote past the tile"
     assert np.isfinite(want).all() and np.abs(want).max() > 0  # real results, not untouched buffers
-    assert np.array_equal(got[::3], want), f"rows differ: {np.nonzero(got[::3] != want)[0].tolist()}"
+    assert np.array_equal(got[:, :nw], want), f"products differ: {np.argwhere(got[:, :nw] != want).tolist()}"
