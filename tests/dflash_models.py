@@ -196,13 +196,15 @@ def write_dflash(
     sample_from_anchor: bool = True,
     markov_rank: int = 32,
     markov_gain: float = 8.0,
+    confidence: float | None = None,
     name: str | None = None,
 ) -> Path:
     """The DFlash drafter of a `write_qwen3` target of shape `target` (same family).
 
     `dspark` makes it a DSpark drafter: a Markov head (`markov_w1`, `markov_w2` of rank
     `markov_rank`) that adds `markov_gain` to the logit of succ[prev] at each position, prev being
-    the token argmax chose at the position before (the anchor at the first), and, anchor-first
+    the token argmax chose at the position before (the anchor at the first), with `confidence` a
+    confidence head (`conf_proj`) that puts that acceptance estimate on every position, and, anchor-first
     (`sample_from_anchor`, DSpark's default layout), every slot shifted one on: slot i guesses the
     token i + 1 after the anchor, slot 0 included.
 
@@ -270,6 +272,11 @@ def write_dflash(
     ]
     if dspark:
         specs += _markov_specs(z, fam, markov_rank, markov_gain)
+        if confidence is not None:  # sigmoid(0 . [h; w1[prev]] + logit(confidence)) = confidence
+            specs += [
+                const_spec("conf_proj.weight", np.zeros((1, d + markov_rank))),
+                const_spec("conf_proj.bias", np.array([np.log(confidence / (1.0 - confidence))])),
+            ]
     for il in range(s.n_layer):
         p = f"blk.{il}."
         rule = il == 0
@@ -308,7 +315,7 @@ def write_dflash(
         w.add_uint32(gguf.Keys.Tokenizer.MASK_ID, mask)
         if dspark:
             w.add_bool(f"{arch}.sample_from_anchor", sample_from_anchor)
-            w.add_bool(f"{arch}.has_confidence_head", False)
+            w.add_bool(f"{arch}.has_confidence_head", confidence is not None)
 
     header = Header(
         arch, name or f"planted-dflash-{s.n_layer}x{d}-b{s.block_size}-s{seed}", fam.vocab, hparams

@@ -123,8 +123,9 @@ class _FixedBlock:
     n_ctx = 64
     injected: Sequence[int] = ()
 
-    def __init__(self, rows: np.ndarray) -> None:
+    def __init__(self, rows: np.ndarray, confidence: np.ndarray | None = None) -> None:
         self.rows = rows
+        self.confidence = confidence
 
     def sync(self, context: Sequence[int]) -> None:
         return None
@@ -164,6 +165,40 @@ def test_the_budget_cuts_a_block_where_confidence_runs_out() -> None:
     drafter = BlockDrafter(_FixedBlock(rows.astype(np.float32)), p_min=0.5)
     prop = drafter.propose([1], 3, SamplingParams(), np.random.default_rng(0))
     assert prop.tokens == [0] and prop.confidence[0] == pytest.approx(0.9, abs=1e-3)
+
+
+def test_a_confidence_head_is_the_stopping_rule_where_the_drafter_has_one() -> None:
+    """Where the block model estimates acceptance itself (DSpark's confidence head), the block is cut
+    on that estimate, not on the rows' peaks: sure-looking rows are cut where the head says no."""
+    rows = np.log(np.array([[0.97, 0.01, 0.01, 0.01]] * 3))
+    drafter = BlockDrafter(_FixedBlock(rows.astype(np.float32), np.array([0.9, 0.8, 0.3])), p_min=0.5)
+    prop = drafter.propose([1], 3, SamplingParams(), np.random.default_rng(0))
+    assert prop.tokens == [0, 0] and prop.confidence == pytest.approx([0.9, 0.8])
+
+
+def test_a_dspark_confidence_head_is_read_and_cuts_its_blocks(dflash_pair: tuple[Path, Path]) -> None:
+    """A DSpark file with a confidence head: llama.cpp's estimate for every position comes through
+    (a head that always says 0.8 here), blocks stop where it falls below --draft-p-min, and the
+    text is the target's own either way."""
+    target, drafter = dflash_pair
+    sure = write_dflash(drafter.parent / "dspark-conf-0.8.gguf", dspark=True, confidence=0.8)
+    with LlamaModel(target, LoadOptions(n_ctx=256, threads=1, gpu_layers=0)) as model:
+        block = DFlashBlock(model, sure, dspark=True)
+        try:
+            assert block.has_confidence
+            ctx = model.tokenize(PROMPT)
+            model.decode(ctx[:-1], [])
+            block.block(ctx, 5)
+            assert block.confidence is not None
+            np.testing.assert_allclose(block.confidence, np.full(5, 0.8), atol=1e-4)
+        finally:
+            block.close()
+    plain = run_json(str(target), "--no-draft")
+    drafting = run_json(str(target), "--draft", f"{DSPARK}:model={sure}", "-k", "6", "--draft-p-min", "0.5")
+    cut = run_json(str(target), "--draft", f"{DSPARK}:model={sure}", "-k", "6", "--draft-p-min", "0.9")
+    assert drafting["tokens"] == plain["tokens"] == cut["tokens"]
+    assert drafting["stats"]["drafted"] > 20
+    assert cut["stats"]["drafted"] == 0
 
 
 def _refused(*args: str) -> str:

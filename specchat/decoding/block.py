@@ -49,6 +49,12 @@ class BlockModel(Protocol):
         """Logits (n, n_vocab) of the n tokens after `context`, in one pass."""
         ...
 
+    @property
+    def confidence(self) -> np.ndarray | None:
+        """The last block's per-position estimates of acceptance from a confidence head (DSpark's),
+        or None where the drafter has none."""
+        ...
+
     def truncate(self, n: int) -> None:
         """Keep what it holds of the first n tokens."""
         ...
@@ -60,7 +66,8 @@ class BlockDrafter:
     """Drafts with a block model: one pass, then each position's token read from its row (argmax
     when greedy, drawn from the row's distribution when sampling) until k tokens, a token below
     `p_min`, the chance that every token so far is accepted below the budget's floor, or an
-    end-of-generation token."""
+    end-of-generation token. A token's confidence is its row's top probability, or the model's
+    confidence head's estimate where it has one (DSpark)."""
 
     source = Source.MTP
     #: trained on the target's own features, like a head
@@ -95,6 +102,7 @@ class BlockDrafter:
         if k <= 0:
             return out
         rows = self._block.block(context, k)
+        head = self._block.confidence
         reach = 1.0
         p_min = self.p_min or 0.0
         for i, row in enumerate(rows):
@@ -105,6 +113,8 @@ class BlockDrafter:
                 q = probs(logits, params)
                 tok = sample(q, rng)
                 conf = float(q.max())
+            if head is not None:  # trained to predict acceptance: a better stopping rule than the row's peak
+                conf = float(head[i])
             if budget is not None:
                 reach *= budget.accept_chance(conf, i)
             if conf < p_min or (budget is not None and reach < budget.floor_at(i)):

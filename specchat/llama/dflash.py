@@ -22,8 +22,12 @@ DSpark (llama.cpp's `draft-dspark`) is the same architecture with a Markov head 
 position before, so later positions decay less. Its files say where the block starts
 (`dflash.sample_from_anchor`, true where absent): anchor-first, the block is [last token, mask x
 (n - 1)] and row i guesses the token at n + i (up to block_size tokens a pass); with a bonus anchor
-it is read as DFlash's. DFlash2 files (a top-k path selector, `selector_*` tensors) are not run:
-models/heads.py refuses them from the header before anything is loaded.
+it is read as DFlash's. A DSpark file with a confidence head (`dflash.has_confidence_head`,
+`conf_proj`) also estimates, per position, the chance its token is accepted (llama.cpp hands it out
+as the first value of each row of the NextN embeddings, as `draft-dspark` reads it): `confidence`
+holds the last block's, and the drafter stops a block on it. DFlash2 files (a top-k path selector,
+`selector_*` tensors) are not run: models/heads.py refuses them from the header before anything is
+loaded.
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ from ..decoding.model import common_prefix_len
 from ..errors import EngineError, IncompatiblePair, ModelFileError
 from .eagle3 import layer_input_calls, tapped_layers
 from .engine import LlamaModel, load_model_file
-from .head import MAX_PENDING_STATES, model_meta
+from .head import MAX_PENDING_STATES, model_meta, nextn_calls
 from .lib import llama_cpp
 from .log import quiet_stderr
 
@@ -77,6 +81,8 @@ class DFlashBlock:
         self._calls = calls
         self._ctx: object | None = None
         self._batch: object | None = None
+        #: the confidence head's estimates for the last block's positions (None: no head)
+        self.confidence: np.ndarray | None = None
         try:
             self._layers = _checked_layers(calls, model, target, self.path)
             self.block_size = _block_size(model)
@@ -84,6 +90,8 @@ class DFlashBlock:
             self.anchor_first = dspark and model_meta(model, f"{DFLASH_ARCH}.sample_from_anchor") != "false"
             #: the most tokens one block proposes
             self.max_drafts = self.block_size if self.anchor_first else self.block_size - 1
+            #: a DSpark confidence head: each position's estimated chance of acceptance comes with it
+            self.has_confidence = dspark and model_meta(model, f"{DFLASH_ARCH}.has_confidence_head") == "true"
             self.mask = int(llama_cpp.llama_vocab_mask(llama_cpp.llama_model_get_vocab(model)))
             if not 0 <= self.mask < target.n_vocab:
                 raise ModelFileError(
@@ -124,6 +132,8 @@ class DFlashBlock:
             )
         self._ctx = ctx
         llama_cpp.llama_set_causal_attn(ctx, False)  # a block attends both ways
+        if self.has_confidence:  # the head's estimates come out as the NextN embeddings of the rows
+            nextn_calls().llama_set_embeddings_nextn(ctx, True, True)
         self._mem = llama_cpp.llama_get_memory(ctx)
         self._n_ubatch = int(llama_cpp.llama_n_ubatch(ctx))
         self._batch = llama_cpp.llama_batch_ext_init(ctx)
@@ -225,6 +235,11 @@ class DFlashBlock:
             for i in range(n):
                 logits = llama_cpp.llama_get_logits_ith(self._ctx, i + skip)
                 out[i] = np.ctypeslib.as_array(logits, shape=(self.n_vocab,))
+            if self.has_confidence:
+                width = int(llama_cpp.llama_model_n_embd(self._model))
+                ptr = nextn_calls().llama_get_embeddings_nextn(self._ctx)
+                rows = np.ctypeslib.as_array(ptr, shape=((n + skip) * width,))
+                self.confidence = rows[skip * width :: width][:n].copy()  # each row's first value
         finally:
             llama_cpp.llama_memory_seq_rm(self._mem, 0, first, -1)
         return out
