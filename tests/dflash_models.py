@@ -377,21 +377,29 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--vocab-from", type=Path, help="take the tokenizer of this GGUF (else synthetic)")
     parser.add_argument("--qtype", default="q8_0", choices=["f32", "f16", "q8_0"])
     parser.add_argument("--noise", type=float, default=1.5, help="the target's noise (its planted rate)")
+    parser.add_argument(
+        "--dspark", action="store_true", help="also a DSpark drafter (dspark-target.gguf, anchor-first)"
+    )
+    parser.add_argument("--keep-target", action="store_true", help="leave an existing target.gguf as it is")
     args = parser.parse_args(argv)
     fam = Family(Vocab.from_gguf(args.vocab_from)) if args.vocab_from else tiny_family(4096)
     layers = (1, REALISTIC_TARGET.n_layer // 2, REALISTIC_TARGET.n_layer - 1)
-    t = write_qwen3(
-        args.out / "target.gguf", shape=REALISTIC_TARGET, family=fam, noise=args.noise, qtype=args.qtype
-    )
-    dr = write_dflash(
-        args.out / "dflash-target.gguf",
-        target=REALISTIC_TARGET,
-        shape=REALISTIC_DRAFTER,
-        family=fam,
-        target_layers=layers,
-        qtype=args.qtype,
-    )
-    print(t, dr)
+    target = args.out / "target.gguf"
+    if not (args.keep_target and target.exists()):
+        write_qwen3(target, shape=REALISTIC_TARGET, family=fam, noise=args.noise, qtype=args.qtype)
+    kinds = [("dflash-target.gguf", False), *([("dspark-target.gguf", True)] if args.dspark else [])]
+    for name, dspark in kinds:
+        path = write_dflash(
+            args.out / name,
+            target=REALISTIC_TARGET,
+            shape=REALISTIC_DRAFTER,
+            family=fam,
+            target_layers=layers,
+            qtype=args.qtype,
+            dspark=dspark,
+        )
+        print(path)
+    print(target)
 
 
 if __name__ == "__main__":

@@ -16,9 +16,12 @@ The files: a planted Qwen3 target and its DFlash drafter (tests/dflash_models.py
     python -m tests.dflash_models ~/.cache/specchat-dev/dflash \\
         --vocab-from ~/.cache/specchat-dev/models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf
 
+(`--dspark` adds dspark-target.gguf, a DSpark drafter, run with `--kind dspark` against
+llama-server's `draft-dspark`).
+
 Usage:
-  python tests/perf/dflash_vs_llama.py LLAMA_BIN_DIR [--target T --drafter D] [-n 200] [--repeats 2]
-      [--n-max 4,8,15] [--json OUT]
+  python tests/perf/dflash_vs_llama.py LLAMA_BIN_DIR [--target T --drafter D] [--kind dflash|dspark]
+      [-n 200] [--repeats 2] [--n-max 4,8,15] [--json OUT]
 """
 
 from __future__ import annotations
@@ -38,27 +41,29 @@ from hybrid_vs_llama import prompt_text, run_llama, run_specchat  # noqa: E402
 MODELS = Path.home() / ".cache" / "specchat-dev" / "dflash"
 
 
-def configs(drafter: str, n_max: list[int]) -> dict[str, tuple[str, list[str], int | None]]:
-    """name -> ("specchat" | "llama", extra arguments, drafts per round)."""
+def configs(
+    drafter: str, n_max: list[int], kind: str = "dflash"
+) -> dict[str, tuple[str, list[str], int | None]]:
+    """name -> ("specchat" | "llama", extra arguments, drafts per round); `kind` dflash or dspark."""
     out: dict[str, tuple[str, list[str], int | None]] = {
         "specchat plain": ("specchat", ["--no-draft"], None),
         "llama plain": ("llama", [], None),
         # what a user runs: the block drafter under the auto planner, no depth or threshold given
-        "specchat dflash auto": ("specchat", ["--draft", f"dflash:model={drafter}"], None),
+        f"specchat {kind} auto": ("specchat", ["--draft", f"{kind}:model={drafter}"], None),
     }
     for n in n_max:
-        out[f"specchat dflash -k {n}"] = (
+        out[f"specchat {kind} -k {n}"] = (
             "specchat",
-            ["--draft", f"dflash:model={drafter}", "-k", str(n), "--draft-p-min", "0"],
+            ["--draft", f"{kind}:model={drafter}", "-k", str(n), "--draft-p-min", "0"],
             n,
         )
-        out[f"llama draft-dflash n{n}"] = (
+        out[f"llama draft-{kind} n{n}"] = (
             "llama",
             [
                 "-md",
                 drafter,
                 "--spec-type",
-                "draft-dflash",
+                f"draft-{kind}",
                 "--spec-draft-n-max",
                 str(n),
                 "--spec-draft-p-min",
@@ -96,10 +101,11 @@ def main() -> int:
     ap.add_argument("-n", type=int, default=200)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--n-max", default="4,8,15")
+    ap.add_argument("--kind", default="dflash", choices=["dflash", "dspark"], help="the drafter's kind")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
-    cfgs = configs(str(args.drafter), [int(x) for x in args.n_max.split(",")])
+    cfgs = configs(str(args.drafter), [int(x) for x in args.n_max.split(",")], args.kind)
     prompt = prompt_text(args.prompt_tokens)
     target = str(args.target)
     speeds: dict[str, list[float]] = {k: [] for k in cfgs}
