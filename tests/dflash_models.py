@@ -197,6 +197,8 @@ def write_dflash(
     markov_rank: int = 32,
     markov_gain: float = 8.0,
     confidence: float | None = None,
+    dflash2: bool = False,
+    selector_top_k: int = 4,
     name: str | None = None,
 ) -> Path:
     """The DFlash drafter of a `write_qwen3` target of shape `target` (same family).
@@ -207,6 +209,11 @@ def write_dflash(
     confidence head (`conf_proj`) that puts that acceptance estimate on every position, and, anchor-first
     (`sample_from_anchor`, DSpark's default layout), every slot shifted one on: slot i guesses the
     token i + 1 after the anchor, slot 0 included.
+
+    `dflash2` makes it a DFlash2 drafter: dynamic convolutions around every layer's attention and
+    FFN (here the identity: tap 0 of each side's base is 1, the rest and the projections 0) and a
+    top-`selector_top_k` path selector whose pairwise terms are 0, so the path it walks is each
+    position's argmax, the tokens the DFlash file proposes.
 
     `focus` sets the q/k norm weights (the anchor's score at its own head is sqrt(head_dim) *
     focus^2), `gain` how loudly the rule's heads write into the residual stream, `noise` the other
@@ -277,9 +284,24 @@ def write_dflash(
                 const_spec("conf_proj.weight", np.zeros((1, d + markov_rank))),
                 const_spec("conf_proj.bias", np.array([np.log(confidence / (1.0 - confidence))])),
             ]
+    kernel, group, rank = 4, 16, 8  # DFlash2's convolution and selector sizes
+    if dflash2:
+        specs += [
+            const_spec("selector_predecessor.weight", np.zeros((n, rank))),
+            const_spec("selector_successor.weight", np.zeros((n, rank))),
+            const_spec("selector_hidden.weight", np.zeros((rank, d))),
+        ]
     for il in range(s.n_layer):
         p = f"blk.{il}."
         rule = il == 0
+        if dflash2:
+            identity = np.zeros((2, kernel, d))
+            identity[:, 0, :] = 1.0  # both sides: tap 0 passes the position's own value through
+            for part in ("attn", "ffn"):
+                specs += [
+                    const_spec(f"{p}{part}_conv_base", identity),
+                    const_spec(f"{p}{part}_conv_proj.weight", np.zeros((2 * kernel * (d // group), d))),
+                ]
         specs += [
             norm_spec(z, p + "attn_norm.weight", d, spread=0.0 if rule else 0.1),
             Spec(p + "attn_q.weight", (nh * hd, d), (lambda: wq) if rule else _mat(z, p + "q", nh * hd, d)),
@@ -313,6 +335,11 @@ def write_dflash(
         w.add_array(f"{arch}.target_layers", [int(i) for i in target_layers])
         w.add_uint32(f"{arch}.block_size", s.block_size)
         w.add_uint32(gguf.Keys.Tokenizer.MASK_ID, mask)
+        if dflash2:
+            w.add_uint32(f"{arch}.conv_kernel_size", kernel)
+            w.add_uint32(f"{arch}.conv_group_size", group)
+            w.add_uint32(f"{arch}.selector_rank", rank)
+            w.add_uint32(f"{arch}.selector_top_k", selector_top_k)
         if dspark:
             w.add_bool(f"{arch}.sample_from_anchor", sample_from_anchor)
             w.add_bool(f"{arch}.has_confidence_head", confidence is not None)

@@ -15,7 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from specchat.cli import app
-from specchat.decoding.block import BlockDrafter
+from specchat.decoding.block import BlockDrafter, walk_lattice
 from specchat.decoding.registry import DFLASH, DSPARK, EAGLE3
 from specchat.decoding.sampling import probs
 from specchat.decoding.settings import SamplingParams
@@ -122,6 +122,8 @@ class _FixedBlock:
     max_drafts = 3
     n_ctx = 64
     injected: Sequence[int] = ()
+    selector_top_k = 0
+    lattice = None
 
     def __init__(self, rows: np.ndarray, confidence: np.ndarray | None = None) -> None:
         self.rows = rows
@@ -199,6 +201,57 @@ def test_a_dspark_confidence_head_is_read_and_cuts_its_blocks(dflash_pair: tuple
     assert drafting["tokens"] == plain["tokens"] == cut["tokens"]
     assert drafting["stats"]["drafted"] > 20
     assert cut["stats"]["drafted"] == 0
+
+
+def test_the_dflash2_path_follows_the_selectors_transitions() -> None:
+    """llama.cpp's walk of a DFlash2 lattice: the first position scores its candidates after the
+    anchor (row 0 of its matrix), each later one after the candidate chosen before it, so the path
+    can leave a position's best-scoring candidate when the transition says so."""
+    lattice = np.array(
+        [
+            [5, 7, 1.0, 3.0, 9.0, 9.0],  # candidates 5, 7; after the anchor: 7 (3.0 > 1.0)
+            [8, 9, 5.0, 0.0, 0.0, 2.0],  # after 7 (candidate 1): 9, though 8 scores best after 5
+            [4, 6, 2.0, 2.0, 0.0, 1.0],  # after 9 (candidate 1): 6
+        ],
+        dtype=np.float32,
+    )
+    tokens, confidence = walk_lattice(lattice, 2)
+    assert tokens == [7, 9, 6]
+    assert confidence == pytest.approx(
+        [1 / (1 + np.exp(-2.0)), 1 / (1 + np.exp(-2.0)), 1 / (1 + np.exp(-1.0))]
+    )
+
+
+def test_a_dflash2_drafter_walks_its_selector_and_the_text_is_the_targets(
+    dflash_pair: tuple[Path, Path],
+) -> None:
+    """A DFlash2 file (identity convolutions, a selector whose transitions are all 0, so its path is
+    each position's argmax): the lattice read back gives the DFlash drafter's own greedy block, its
+    blocks are partly accepted through `specchat run --draft dflash`, greedy and sampled."""
+    target, drafter = dflash_pair
+    second = write_dflash(drafter.parent / "dflash2-qwen3.gguf", dflash2=True)
+    opts = LoadOptions(n_ctx=256, threads=1, gpu_layers=0)
+    with LlamaModel(target, opts) as model, LlamaModel(target, opts) as other:
+        one, two = DFlashBlock(model, drafter), DFlashBlock(other, second)
+        try:
+            assert two.selector_top_k > 0 and one.selector_top_k == 0
+            ctx = model.tokenize(PROMPT)
+            model.decode(ctx[:-1], [])
+            other.decode(ctx[:-1], [])
+            greedy = [int(np.argmax(row)) for row in one.block(ctx, 6)]
+            two.block(ctx, 6)
+            assert two.lattice is not None and two.lattice.shape[0] == 6
+            assert walk_lattice(two.lattice, two.selector_top_k)[0] == greedy
+        finally:
+            one.close()
+            two.close()
+    spec = run_json(str(target), "--draft", f"{DFLASH}:model={second}", "-k", "7", "--draft-p-min", "0")
+    assert spec["tokens"] == run_json(str(target), "--no-draft")["tokens"]
+    assert spec["stats"]["drafted"] > 20 and spec["stats"]["tokens_per_pass"] > 2
+    sampled = ("--draft", f"{DFLASH}:model={second}", "-k", "7", "--temp", "0.7", "--seed", "4")
+    first = run_json(str(target), *sampled)
+    assert first["stats"]["accepted"] > 0
+    assert first["tokens"] == run_json(str(target), *sampled)["tokens"]
 
 
 def _refused(*args: str) -> str:

@@ -49,6 +49,15 @@ class BlockModel(Protocol):
         """Logits (n, n_vocab) of the n tokens after `context`, in one pass."""
         ...
 
+    #: DFlash2's path selector: candidates per position (0: the drafts are read from the logits)
+    selector_top_k: int
+
+    @property
+    def lattice(self) -> np.ndarray | None:
+        """DFlash2: the last block's selector rows, one per position: its `selector_top_k` candidate
+        token ids, then the scores of every transition (candidate before x candidate here)."""
+        ...
+
     @property
     def confidence(self) -> np.ndarray | None:
         """The last block's per-position estimates of acceptance from a confidence head (DSpark's),
@@ -102,6 +111,8 @@ class BlockDrafter:
         if k <= 0:
             return out
         rows = self._block.block(context, k)
+        if self._block.selector_top_k:
+            return self._walk(context, k, budget, start)
         head = self._block.confidence
         reach = 1.0
         p_min = self.p_min or 0.0
@@ -128,6 +139,29 @@ class BlockDrafter:
         out.seconds = time.perf_counter() - start
         return out
 
+    def _walk(self, context: Sequence[int], k: int, budget: DraftBudget | None, start: float) -> Proposal:
+        """DFlash2's draft: the selector's path through the block (walk_lattice), cut as any block is.
+        The path's tokens come with no distribution (q None whether greedy or sampling): the verifier
+        treats them as a lookup's, which keeps sampling exact."""
+        out = Proposal(q=None)
+        lattice = self._block.lattice
+        if lattice is None:
+            return out
+        reach = 1.0
+        p_min = self.p_min or 0.0
+        tokens, confidence = walk_lattice(lattice[:k], self._block.selector_top_k)
+        for i, (tok, conf) in enumerate(zip(tokens, confidence, strict=True)):
+            if budget is not None:
+                reach *= budget.accept_chance(conf, i)
+            if conf < p_min or (budget is not None and reach < budget.floor_at(i)):
+                break
+            out.tokens.append(tok)
+            out.confidence.append(conf)
+            if self._block.is_eog(tok):
+                break
+        out.seconds = time.perf_counter() - start
+        return out
+
     def lag(self, context: Sequence[int]) -> int:
         return 0
 
@@ -139,3 +173,20 @@ class BlockDrafter:
 
     def reset(self) -> None:
         self._block.truncate(0)
+
+
+def walk_lattice(rows: np.ndarray, top_k: int) -> tuple[list[int], list[float]]:
+    """DFlash2's path, as llama.cpp's `draft-dflash` walks it: row i holds position i's `top_k`
+    candidates (token ids) and then, per candidate chosen at the position before (the anchor, for the
+    first position: its scores are those of candidate 0), the scores of this position's candidates.
+    Each position takes its best-scoring candidate after the one chosen before it; its confidence is
+    the softmax of those scores at it."""
+    tokens: list[int] = []
+    confidence: list[float] = []
+    before = 0
+    for row in rows:
+        scores = row[top_k + before * top_k : top_k + (before + 1) * top_k].astype(np.float64)
+        before = int(np.argmax(scores))
+        tokens.append(int(row[before]))
+        confidence.append(float(1.0 / np.exp(scores - scores[before]).sum()))
+    return tokens, confidence

@@ -25,9 +25,13 @@ position before, so later positions decay less. Its files say where the block st
 it is read as DFlash's. A DSpark file with a confidence head (`dflash.has_confidence_head`,
 `conf_proj`) also estimates, per position, the chance its token is accepted (llama.cpp hands it out
 as the first value of each row of the NextN embeddings, as `draft-dspark` reads it): `confidence`
-holds the last block's, and the drafter stops a block on it. DFlash2 files (a top-k path selector,
-`selector_*` tensors) are not run: models/heads.py refuses them from the header before anything is
-loaded.
+holds the last block's, and the drafter stops a block on it.
+
+DFlash2 (`dflash.selector_top_k`, `selector_*` tensors, run by `--draft dflash` as llama.cpp's
+`draft-dflash` runs it) adds dynamic convolutions inside the drafter and a path selector: the block's
+pass also writes a lattice (each position's top-k candidates and the scores of every transition from
+the candidates before), handed out as the rows' NextN embeddings; `lattice` holds the last block's,
+and decoding/block.py walks it. Its drafts are tokens without a distribution of their own.
 """
 
 from __future__ import annotations
@@ -52,7 +56,7 @@ from .log import quiet_stderr
 DFLASH_ARCH = "dflash"
 #: the block size llama.cpp assumes where a file names none (common/speculative.cpp)
 DEFAULT_BLOCK_SIZE = 16
-#: the tensor of DFlash2's path selector, a variant this drafter does not run
+#: the tensor of DFlash2's path selector
 SELECTOR_TENSOR = "selector_hidden.weight"
 #: the tensor of DSpark's Markov head (`--draft dspark`)
 MARKOV_TENSOR = "markov_w1.weight"
@@ -83,6 +87,8 @@ class DFlashBlock:
         self._batch: object | None = None
         #: the confidence head's estimates for the last block's positions (None: no head)
         self.confidence: np.ndarray | None = None
+        #: DFlash2: the selector's lattice rows of the last block's positions (None: no selector)
+        self.lattice: np.ndarray | None = None
         try:
             self._layers = _checked_layers(calls, model, target, self.path)
             self.block_size = _block_size(model)
@@ -92,6 +98,8 @@ class DFlashBlock:
             self.max_drafts = self.block_size if self.anchor_first else self.block_size - 1
             #: a DSpark confidence head: each position's estimated chance of acceptance comes with it
             self.has_confidence = dspark and model_meta(model, f"{DFLASH_ARCH}.has_confidence_head") == "true"
+            #: DFlash2's path selector: candidates per position (0: no selector)
+            self.selector_top_k = int(model_meta(model, f"{DFLASH_ARCH}.selector_top_k") or 0)
             self.mask = int(llama_cpp.llama_vocab_mask(llama_cpp.llama_model_get_vocab(model)))
             if not 0 <= self.mask < target.n_vocab:
                 raise ModelFileError(
@@ -134,6 +142,8 @@ class DFlashBlock:
         llama_cpp.llama_set_causal_attn(ctx, False)  # a block attends both ways
         if self.has_confidence:  # the head's estimates come out as the NextN embeddings of the rows
             nextn_calls().llama_set_embeddings_nextn(ctx, True, True)
+        elif self.selector_top_k:  # the lattice, one row per token of the block (not per output)
+            nextn_calls().llama_set_embeddings_nextn(ctx, True, False)
         self._mem = llama_cpp.llama_get_memory(ctx)
         self._n_ubatch = int(llama_cpp.llama_n_ubatch(ctx))
         self._batch = llama_cpp.llama_batch_ext_init(ctx)
@@ -210,7 +220,7 @@ class DFlashBlock:
     def block(self, context: Sequence[int], n: int) -> np.ndarray:
         """The drafter's logits for the `n` tokens after `context` (n <= max_drafts), one pass: the
         block [last token, mask x n] (anchor-first: mask x (n - 1)) after the cache is synced; the
-        block leaves nothing behind."""
+        block leaves nothing behind. DFlash2 returns no logits (zeros): its drafts are `lattice`'s."""
         n = max(0, min(n, self.max_drafts))
         out = np.zeros((n, self.n_vocab), dtype=np.float32)
         if n == 0 or not context:
@@ -227,11 +237,19 @@ class DFlashBlock:
                 raise EngineError(f"llama.cpp refused token {token} in the DFlash drafter's block ({idx})")
             llama_cpp.llama_batch_ext_set_pos(b, idx, (llama_cpp.llama_pos * 4)(first + i))
             # the graph selects no output rows: every row is one, so row i is the i-th output
-            llama_cpp.llama_batch_ext_set_output_logits(b, idx, True)
+            # (DFlash2's drafts come from its lattice: no logits wanted)
+            llama_cpp.llama_batch_ext_set_output_logits(b, idx, not self.selector_top_k)
         rc = llama_cpp.llama_process(self._ctx, llama_cpp.LLAMA_PROCESS_TYPE_DECODE, b)
         try:
             if rc != 0:
                 raise EngineError(f"llama.cpp's DFlash block decode failed with code {rc}")
+            if self.selector_top_k:
+                width = int(llama_cpp.llama_model_n_embd(self._model))
+                ptr = nextn_calls().llama_get_embeddings_nextn(self._ctx)
+                rows = np.ctypeslib.as_array(ptr, shape=(n + 1, width))  # row 0: the anchor's, empty
+                used = self.selector_top_k * (self.selector_top_k + 1)
+                self.lattice = rows[1 : n + 1, :used].copy()
+                return out
             for i in range(n):
                 logits = llama_cpp.llama_get_logits_ith(self._ctx, i + skip)
                 out[i] = np.ctypeslib.as_array(logits, shape=(self.n_vocab,))

@@ -251,7 +251,7 @@ def _check_tables(head: GGUFInfo, target: GGUFInfo) -> None:
 def check_dflash_file(drafter: GGUFInfo, target: GGUFInfo, *, dspark: bool = False) -> None:
     """One clear line, before anything is loaded, for a DFlash drafter (`dspark`: a DSpark one)
     llama.cpp could not run for this target (where llama.cpp would not refuse it but abort or draft
-    from the wrong rows): not a DFlash drafter, DFlash2 (its path selector is not run), a DSpark file
+    from the wrong rows): not a DFlash drafter, a DFlash2 file without its selector's size, a DSpark file
     given as DFlash or the other way round (their blocks are laid out differently), one made for
     another target's depth, width or vocabulary, or a target whose graph hands out no layer inputs."""
     name = drafter.path.name
@@ -263,10 +263,11 @@ def check_dflash_file(drafter: GGUFInfo, target: GGUFInfo, *, dspark: bool = Fal
             "give the drafter's GGUF, converted with convert_hf_to_gguf.py --target-model-dir",
         )
     tensors = {t.name for t in drafter.tensors}
-    if SELECTOR_TENSOR in tensors:
+    if SELECTOR_TENSOR in tensors and not (drafter.arch_get("selector_top_k") or 0) > 0:
         raise ModelFileError(
-            f"{name} is a DFlash2 drafter ({SELECTOR_TENSOR}), which specchat does not run yet",
-            "use a DFlash or DSpark drafter, or llama-server --spec-type draft-dflash for this one",
+            f"{name} is a DFlash2 drafter ({SELECTOR_TENSOR}) without its selector's size "
+            "(dflash.selector_top_k)",
+            "convert the drafter again with a current convert_hf_to_gguf.py",
         )
     if (MARKOV_TENSOR in tensors) != dspark:
         has = "a DSpark drafter (a Markov head)" if not dspark else "a DFlash drafter without a Markov head"
