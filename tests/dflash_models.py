@@ -407,6 +407,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--dspark", action="store_true", help="also a DSpark drafter (dspark-target.gguf, anchor-first)"
     )
+    parser.add_argument(
+        "--dflash2", action="store_true", help="also a DFlash2 drafter (dflash2-target.gguf, a path selector)"
+    )
     parser.add_argument("--keep-target", action="store_true", help="leave an existing target.gguf as it is")
     args = parser.parse_args(argv)
     fam = Family(Vocab.from_gguf(args.vocab_from)) if args.vocab_from else tiny_family(4096)
@@ -414,8 +417,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     target = args.out / "target.gguf"
     if not (args.keep_target and target.exists()):
         write_qwen3(target, shape=REALISTIC_TARGET, family=fam, noise=args.noise, qtype=args.qtype)
-    kinds = [("dflash-target.gguf", False), *([("dspark-target.gguf", True)] if args.dspark else [])]
-    for name, dspark in kinds:
+    kinds = [("dflash-target.gguf", {})]
+    kinds += [("dspark-target.gguf", {"dspark": True})] if args.dspark else []
+    kinds += [("dflash2-target.gguf", {"dflash2": True})] if args.dflash2 else []
+    for name, kind in kinds:
         path = write_dflash(
             args.out / name,
             target=REALISTIC_TARGET,
@@ -423,7 +428,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             family=fam,
             target_layers=layers,
             qtype=args.qtype,
-            dspark=dspark,
+            **kind,
         )
         print(path)
     print(target)

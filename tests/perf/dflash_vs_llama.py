@@ -17,10 +17,11 @@ The files: a planted Qwen3 target and its DFlash drafter (tests/dflash_models.py
         --vocab-from ~/.cache/specchat-dev/models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf
 
 (`--dspark` adds dspark-target.gguf, a DSpark drafter, run with `--kind dspark` against
-llama-server's `draft-dspark`).
+llama-server's `draft-dspark`; `--dflash2` adds dflash2-target.gguf, run with `--kind dflash2`).
 
 Usage:
-  python tests/perf/dflash_vs_llama.py LLAMA_BIN_DIR [--target T --drafter D] [--kind dflash|dspark]
+  python tests/perf/dflash_vs_llama.py LLAMA_BIN_DIR [--target T --drafter D]
+      [--kind dflash|dflash2|dspark]
       [-n 200] [--repeats 2] [--n-max 4,8,15] [--json OUT]
 """
 
@@ -44,17 +45,19 @@ MODELS = Path.home() / ".cache" / "specchat-dev" / "dflash"
 def configs(
     drafter: str, n_max: list[int], kind: str = "dflash"
 ) -> dict[str, tuple[str, list[str], int | None]]:
-    """name -> ("specchat" | "llama", extra arguments, drafts per round); `kind` dflash or dspark."""
+    """name -> ("specchat" | "llama", extra arguments, drafts per round); `kind` dflash, dflash2 (run
+    as dflash by both) or dspark."""
+    spec = "dflash" if kind == "dflash2" else kind
     out: dict[str, tuple[str, list[str], int | None]] = {
         "specchat plain": ("specchat", ["--no-draft"], None),
         "llama plain": ("llama", [], None),
         # what a user runs: the block drafter under the auto planner, no depth or threshold given
-        f"specchat {kind} auto": ("specchat", ["--draft", f"{kind}:model={drafter}"], None),
+        f"specchat {kind} auto": ("specchat", ["--draft", f"{spec}:model={drafter}"], None),
     }
     for n in n_max:
         out[f"specchat {kind} -k {n}"] = (
             "specchat",
-            ["--draft", f"{kind}:model={drafter}", "-k", str(n), "--draft-p-min", "0"],
+            ["--draft", f"{spec}:model={drafter}", "-k", str(n), "--draft-p-min", "0"],
             n,
         )
         out[f"llama draft-{kind} n{n}"] = (
@@ -63,7 +66,7 @@ def configs(
                 "-md",
                 drafter,
                 "--spec-type",
-                f"draft-{kind}",
+                f"draft-{spec}",
                 "--spec-draft-n-max",
                 str(n),
                 "--spec-draft-p-min",
@@ -101,7 +104,7 @@ def main() -> int:
     ap.add_argument("-n", type=int, default=200)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--n-max", default="4,8,15")
-    ap.add_argument("--kind", default="dflash", choices=["dflash", "dspark"], help="the drafter's kind")
+    ap.add_argument("--kind", default="dflash", choices=["dflash", "dflash2", "dspark"], help="drafter kind")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
