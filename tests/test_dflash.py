@@ -254,6 +254,46 @@ def test_a_dflash2_drafter_walks_its_selector_and_the_text_is_the_targets(
     assert first["tokens"] == run_json(str(target), *sampled)["tokens"]
 
 
+def test_block_rounds_may_be_token_trees_and_the_text_is_the_targets(dflash_pair: tuple[Path, Path]) -> None:
+    """With --tree-width, a block's least sure positions put their rows' runners-up in the same verify
+    batch; the target's layer inputs for the chain still reach the drafter (a tree batch hands them
+    on like a chain's), so blocks stay as good as in chain rounds, and the text is the target's."""
+    target, drafter = dflash_pair
+    args = ("--draft", f"{DFLASH}:model={drafter}", "-k", "7", "--draft-p-min", "0")
+    chains = run_json(str(target), *args, "--tree-width", "0")
+    trees = run_json(str(target), *args, "--tree-width", "3")
+    assert trees["tokens"] == chains["tokens"] == run_json(str(target), "--no-draft")["tokens"]
+    # side nodes are counted with the drafts: a tree round drafts more than the chain it holds
+    assert trees["stats"]["drafted"] > chains["stats"]["drafted"]
+    assert trees["stats"]["tokens_per_pass"] >= 0.9 * chains["stats"]["tokens_per_pass"]
+
+
+def test_a_tree_batch_hands_the_chains_layer_inputs_to_the_drafter(dflash_pair: tuple[Path, Path]) -> None:
+    """After a token tree is verified (a chain with a side node) and its chain kept, the drafter's
+    next block is the one it gives after the same chain decoded as a chain: the tree batch handed on
+    the chain's layer inputs, not nothing (which would leave rows of zeros in the drafter's cache)."""
+    from specchat.decoding.tree import tree_batch
+
+    target_path, drafter_path = dflash_pair
+    opts = LoadOptions(n_ctx=512, threads=1, gpu_layers=0, tree_branches=2)
+    with LlamaModel(target_path, opts) as tree_side, LlamaModel(target_path, opts) as chain_side:
+        grown, plain = DFlashBlock(tree_side, drafter_path), DFlashBlock(chain_side, drafter_path)
+        try:
+            ctx = tree_side.tokenize(PROMPT)
+            tree_side.decode(ctx[:-1], [])
+            chain_side.decode(ctx[:-1], [])
+            d = [int(np.argmax(row)) for row in grown.block(ctx, 3)]
+            tokens, shape = tree_batch(ctx[-1], d, [(1, (d[1] + 1) % tree_side.n_vocab)])
+            tree_side.decode_tree(tokens, shape, range(len(tokens)))
+            tree_side.keep_path(shape, [0, 1, 2, 3])
+            chain_side.decode([ctx[-1], *d], [])
+            after = [*ctx, *d]
+            np.testing.assert_allclose(grown.block(after, 5), plain.block(after, 5), rtol=1e-3, atol=1e-3)
+        finally:
+            grown.close()
+            plain.close()
+
+
 def _refused(*args: str) -> str:
     res = runner.invoke(app, ["run", *args, "-p", "hi", "-n", "4", "--ctx-size", "512"])
     assert res.exit_code != 0 and "Traceback" not in res.output, res.output

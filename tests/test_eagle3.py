@@ -55,6 +55,18 @@ def test_the_heads_drafts_are_accepted_and_the_text_is_the_targets(eagle3_pair: 
     assert [d["name"] for d in stats["drafters"]] == [EAGLE3]
 
 
+def test_a_heads_rounds_may_be_token_trees(eagle3_pair: tuple[Path, Path]) -> None:
+    """With --tree-width, the head's runners-up go into the verify batch as side nodes; the target's
+    states for the chain still reach the head after a tree batch, and the text is the target's."""
+    target, head = eagle3_pair
+    args = ("--draft", f"{EAGLE3}:head={head}", "-k", "3", "--draft-p-min", "0")
+    chains = run_json(str(target), *args, "--tree-width", "0")
+    trees = run_json(str(target), *args, "--tree-width", "2")
+    assert trees["tokens"] == chains["tokens"] == run_json(str(target), "--no-draft")["tokens"]
+    assert trees["stats"]["drafted"] > chains["stats"]["drafted"]  # side nodes count as drafts
+    assert trees["stats"]["accepted"] >= 0.9 * chains["stats"]["accepted"]
+
+
 def test_each_entry_reads_the_targets_state_at_the_token_before(
     eagle3_pair: tuple[Path, Path], tmp_path: Path
 ) -> None:

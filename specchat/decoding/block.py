@@ -19,7 +19,7 @@ from typing import Protocol
 
 import numpy as np
 
-from .drafters import DraftBudget, Proposal
+from .drafters import Alternative, DraftBudget, Proposal, pick_side, second_choice
 from .events import Source
 from .model import Model, common_prefix_len
 from .processors import AnswerProcessor
@@ -87,10 +87,12 @@ class BlockDrafter:
     model: Model | None = None
     per_pass = True
 
-    def __init__(self, block: BlockModel, p_min: float) -> None:
+    def __init__(self, block: BlockModel, p_min: float, tree_width: int = 0) -> None:
         self._block = block
         self.name = block.name
         self.p_min: float | None = p_min
+        #: side nodes of a round's token tree at most: positions' runners-up in their own rows
+        self.tree_width = tree_width
 
     def route(self, context: Sequence[int]) -> str | None:
         return "block" if 0 < len(context) < self._block.n_ctx else None
@@ -116,26 +118,35 @@ class BlockDrafter:
         head = self._block.confidence
         reach = 1.0
         p_min = self.p_min or 0.0
+        alternatives: list[Alternative] = []
         for i, row in enumerate(rows):
             logits = processor(context, row, out.tokens) if processor is not None else row
             if params.greedy:
-                tok, conf = top_prob(logits)
+                tok, peak = top_prob(logits)
             else:
                 q = probs(logits, params)
                 tok = sample(q, rng)
-                conf = float(q.max())
-            if head is not None:  # trained to predict acceptance: a better stopping rule than the row's peak
-                conf = float(head[i])
+                peak = float(q.max())
+            # a confidence head is trained to predict acceptance: a better stopping rule than the peak
+            conf = float(head[i]) if head is not None else peak
+            before = reach
+            chance = budget.accept_chance(conf, i) if budget is not None else conf
             if budget is not None:
-                reach *= budget.accept_chance(conf, i)
+                reach *= chance
             if conf < p_min or (budget is not None and reach < budget.floor_at(i)):
                 break
+            if self.tree_width > 0:  # the row's runner-up: a side node after the same tokens[:i]
+                alt = second_choice(logits, tok, peak, i, before, chance, None if params.greedy else q, rng)
+                if alt is not None:
+                    alternatives.append(alt)
             out.tokens.append(tok)
             out.confidence.append(conf)
             if out.q is not None:
                 out.q.append(q)
             if self._block.is_eog(tok):
                 break
+        if alternatives:
+            pick_side(out, alternatives, self.tree_width, budget)
         out.seconds = time.perf_counter() - start
         return out
 

@@ -9,7 +9,7 @@ LlamaModel provides it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -36,6 +36,8 @@ class TreeBatches:
     _workers: tuple[str, ...]
     #: the last tree batch's side sequences and tokens, until keep_path
     _tree: tuple[int, tuple[int, ...]]
+    #: what reads the target's rows after a decode (a head, a block drafter): base position, rows
+    on_decoded: Callable[[int, int], None] | None
 
     def _decode_failed(self, base: int) -> None: ...
     def _check_workers(self) -> None: ...
@@ -109,6 +111,10 @@ class TreeBatches:
         self._tree = (side, tuple(int(t) for t in tokens))
         self._tokens[self._held :] = [*pending, *(int(t) for t in tokens[: shape.chain])]
         self._held = base + front + shape.chain
+        if self.on_decoded is not None:
+            # the pending tokens and the main chain come first in the batch, in position order: their
+            # rows are what a chain decode of them gives (a side node accepted later is decoded again)
+            self.on_decoded(base, front + shape.chain)
         view = self._logits_view(len(outputs))
         want = sorted(outputs)
         order = [want.index(front + r) for r in logits_rows]

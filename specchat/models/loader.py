@@ -318,11 +318,8 @@ def load(
             if registry.is_target_head(spec):
                 head = _target_head(target, cfg, spec, paths[head_file] if head_file is not None else None)
                 out.heads.append(head)
-                out.drafters.append(
-                    BlockDrafter(head, p_min=cfg.p_min)
-                    if isinstance(head, DFlashBlock)
-                    else HeadDrafter(head, p_min=cfg.p_min)
-                )
+                kind = BlockDrafter if isinstance(head, DFlashBlock) else HeadDrafter
+                out.drafters.append(kind(head, cfg.p_min, min(cfg.tree_width, target.tree_branches)))
                 continue
             note(f"loading draft {paths[spec].name}")
             dm = LlamaModel(
