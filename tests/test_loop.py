@@ -380,3 +380,28 @@ def test_round_time_excludes_what_the_consumer_does_with_the_tokens(monkeypatch)
             rounds.append(ev)
     assert max(r.emitted for r in rounds) > 1
     assert all(0.0 < r.seconds < 0.1 for r in rounds), [r.seconds for r in rounds]
+
+
+class ReplayingModel(FakeModel):
+    """A target that, like a recurrent one back from a checkpoint, reports having decoded tokens in
+    front of every other batch (engine.LlamaModel.replayed)."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.replayed = 0
+        self.reported: list[int] = []
+
+    def decode(self, tokens, logits_rows):
+        self.replayed = 2 * (len(self.decode_calls) % 2)
+        self.reported.append(self.replayed)
+        return super().decode(tokens, logits_rows)
+
+
+def test_each_round_records_the_tokens_its_verify_batch_replayed():
+    target = ReplayingModel(seed=4)
+    draft = FakeModel(seed=5)
+    tokens, rounds, _ = run(target, draft, k=3, n=24)
+    reported = list(target.reported)
+    assert [t.id for t in tokens] == plain_greedy(target, PROMPT, 24)
+    assert [r.replayed for r in rounds] == reported[1:]  # the prompt's prefill comes first
+    assert any(r.replayed for r in rounds) and not all(r.replayed for r in rounds)

@@ -39,17 +39,33 @@ def round_value(rates: list[float], tie: float) -> tuple[float, float]:
     return e, p_tie
 
 
+def replay_rows(rates: list[float], free_back: int | None) -> float:
+    """Expected tokens a recurrent target replays after a round of len(rates) drafts, by enumerating
+    the rejections: exactly `a` accepted (then the next one rejected) cuts the batch back k - a
+    tokens; past `free_back` (its snapshots) it goes back to the state before the batch, and the
+    a + 1 tokens kept are decoded again."""
+    if free_back is None:
+        return 0.0
+    k, out = len(rates), 0.0
+    for a in range(k):
+        p = float(np.prod(rates[:a])) * (1.0 - rates[a])
+        if k - a > free_back:
+            out += p * (a + 1)
+    return out
+
+
 def test_best_k_in_one_pass_equals_round_value_per_k():
     """best_k accumulates every prefix's round_value in one pass; it must choose exactly what the
     per-k definition (round_value of each prefix, priced as its docstring says) chooses."""
 
-    def by_definition(rates, v, draft_cost, *, tie, exact_n, overhead, drift_cost):
+    def by_definition(rates, v, draft_cost, *, tie, exact_n, overhead, drift_cost, free_back):
         best, best_speed = 0, 1.0 / v[0]
         for k in range(1, len(rates) + 1):
             inexact = k + 1 > exact_n
             e, p_tie = round_value(rates[:k], tie if inexact else 0.0)
             drift = e * drift_cost if inexact else 0.0
-            speed = (e + p_tie) / (overhead + k * draft_cost + v[k] + p_tie * v[0] + drift)
+            replay = replay_rows(rates[:k], free_back) * (v[k] - v[0]) / k
+            speed = (e + p_tie) / (overhead + k * draft_cost + v[k] + p_tie * v[0] + drift + replay)
             if speed > best_speed:
                 best, best_speed = k, speed
         return best, best_speed
@@ -64,6 +80,7 @@ def test_best_k_in_one_pass_equals_round_value_per_k():
             "exact_n": int(rng.integers(0, 6)),
             "overhead": float(rng.uniform(0.0, 0.05)) if case % 5 else 0.0,
             "drift_cost": float(rng.uniform(0.0, 0.01)) if case % 4 else 0.0,
+            "free_back": int(rng.integers(0, 17)) if case % 7 else None,
         }
         draft_cost = float(rng.uniform(0.0, 0.02))
         assert best_k(rates, v, draft_cost, **kw) == by_definition(rates, v, draft_cost, **kw), kw
@@ -174,6 +191,31 @@ def test_verify_cost_is_learned_for_the_batch_that_ran_not_the_drafts_judged():
     planner.observe(Round("ngram", 5, 1, 0, 1, 0.3, route="match 2+", proposed=5), Plan(0, 5))
     assert costs.verify[1] == v2
     assert costs.verify[5] > CPU_V[5]
+
+
+def test_replay_after_a_rollback_is_booked_to_the_batch_that_ran_it():
+    """A recurrent target decodes the tokens its last rollback kept in front of the next batch: a
+    one-draft round carrying 3 of them ran a 5-row batch, and its time must not make V(2) look dear."""
+    costs = Costs(list(CPU_V), [0.0])
+    planner = AutoPlanner(costs, [(1.0, 1.0)], model_free=[True])
+    v2 = costs.verify[1]
+    planner.observe(Round("ngram", 1, 1, 1, 2, 0.4, route="match 2+", proposed=1, replayed=3), Plan(0, 1))
+    assert costs.verify[1] == v2
+    assert costs.verify[4] > CPU_V[4]
+
+
+def test_drafts_past_the_targets_free_rollback_are_priced_with_their_replay():
+    """On a flat curve (a GPU) a free drafter right 70% of the time drafts deep on an attention
+    target; on a recurrent one whose snapshots undo 4 tokens, an early rejection in a deep batch
+    replays what it kept, so the planner drafts less deep and expects less -- and exactly as on an
+    attention target while the batch stays within the snapshots."""
+    v = [0.010 + 0.0005 * i for i in range(17)]
+    rates = [0.7] * 16
+    k_any, speed_any = best_k(rates, v, draft_cost=0.0)
+    k_rec, speed_rec = best_k(rates, v, draft_cost=0.0, free_back=4)
+    assert k_any > 4 and k_rec < k_any and speed_rec < speed_any
+    assert best_k(rates[:4], v[:5], draft_cost=0.0, free_back=4) == best_k(rates[:4], v[:5], draft_cost=0.0)
+    assert best_k([1.0] * 16, v, draft_cost=0.0, free_back=0) == best_k([1.0] * 16, v, draft_cost=0.0)
 
 
 def test_draft_model_is_never_tried_where_it_cannot_pay():

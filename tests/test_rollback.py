@@ -178,3 +178,35 @@ def test_a_restored_conversation_goes_back_to_its_anchor(hybrid: Path) -> None:
         m.truncate(prompt)
         assert m._held == prompt  # restored from the anchor: nothing to replay
         assert np.array_equal(m.decode([tokens[prompt]], [0])[0], singles[prompt])
+
+
+def test_a_batch_reports_the_tokens_it_replayed_first(hybrid: Path) -> None:
+    """The rows a rollback through a checkpoint costs show up in the next decode: it reports how many
+    kept tokens it decoded first (the loop books them to the rollback, the planner prices them), and
+    none after a cut the snapshots took back; the reach is the snapshots'."""
+    engine = _engine()
+    tokens = [int(t) for t in np.random.default_rng(4).integers(8, 400, 60)]
+    with engine.LlamaModel(hybrid, engine.LoadOptions(n_ctx=512, snapshots=4)) as m:
+        assert m.rollback_reach == 4
+        m.decode(tokens[:20], [])
+        m.decode(tokens[20:29], [])  # 9 rows: a checkpoint before them
+        m.truncate(22)  # 7 back: past the snapshots, so back to 20 with 2 kept to replay
+        m.decode(tokens[22:27], [0])
+        assert m.replayed == 2
+        m.truncate(24)  # 3 back: the snapshots
+        m.decode(tokens[24:26], [0])
+        assert m.replayed == 0
+    with engine.LlamaModel(hybrid, engine.LoadOptions(n_ctx=512, snapshots=0)) as m:
+        assert m.rollback_reach == 0
+
+
+def test_an_attention_cache_takes_any_cut_back_for_free(tmp_path: Path) -> None:
+    from .tiny_models import write_tiny_llama
+
+    engine = _engine()
+    with engine.LlamaModel(write_tiny_llama(tmp_path / "tiny.gguf"), engine.LoadOptions(n_ctx=256)) as m:
+        assert m.rollback_reach is None
+        m.decode(list(range(10, 30)), [])
+        m.truncate(12)
+        m.decode([5, 6], [0])
+        assert m.replayed == 0

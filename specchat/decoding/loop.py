@@ -265,6 +265,8 @@ class _Verdict:
     #: a tree round's side nodes, and how many of the `accepted` drafts were side nodes
     side: int = 0
     side_accepted: int = 0
+    #: tokens an earlier rollback left that the target decoded in front of this round's batch
+    replayed: int = 0
 
     @property
     def recheck(self) -> bool:
@@ -376,6 +378,9 @@ class _Answer:
         drafts, settings = draft.proposal.tokens, self.settings
         t_verify = time.perf_counter()
         batch = self.target.decode([self.committed[-1], *drafts], range(len(drafts) + 1))
+        # a recurrent target that went back through a checkpoint last round decodes the tokens it
+        # kept in front of this batch: their rows are part of this round's time
+        replayed = int(getattr(self.target, "replayed", 0))
         # row i as plain decoding would see it: the answer so far + d1..d_i
         rows: np.ndarray | ProcessedRows = (
             batch if self.processor is None else self.processor.rows(batch, self.committed, drafts)
@@ -413,6 +418,7 @@ class _Answer:
             near_ties=near_ties,
             drifted=drifted,
             logprobs=lps,
+            replayed=replayed,
             # the round's cost ends here, before the consumer runs: rendering 16 accepted tokens
             # would make a 17-row batch look dearer than it is
             seconds=time.perf_counter() - t_verify - lp_seconds,
@@ -534,6 +540,7 @@ def _record(draft: _Draft, verdict: _Verdict, emitted: int, repaired: int, repai
         repair_seconds=repair_seconds,
         side_nodes=verdict.side,
         side_accepted=verdict.side_accepted,
+        replayed=verdict.replayed,
     )
 
 

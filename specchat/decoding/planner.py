@@ -104,6 +104,7 @@ def best_k(
     exact_n: int = 0,
     overhead: float = 0.0,
     drift_cost: float = 0.0,
+    free_back: int | None = None,
 ) -> tuple[int, float]:
     """(k, tokens/second) maximising E(k)/(k·draft_cost + V(k+1)); k = 0 is plain decoding.
 
@@ -112,8 +113,15 @@ def best_k(
     and the cost counts the one-token round that re-checks it. `overhead` is a fixed cost of drafting
     at all this round (a draft model catching up on the tokens other drafters committed).
     `drift_cost` is the expected cost per token a non-exact batch leaves in the cache: its K/V
-    are not what one-token decoding writes, so a later near-tie has them re-decoded exactly."""
+    are not what one-token decoding writes, so a later near-tie has them re-decoded exactly.
+    `free_back`: on a recurrent target, how many of the batch's tokens its snapshots take back for free
+    (None: any, an attention cache). A draft rejected further back than that, after `a` accepted
+    tokens, goes back through the checkpoint before the batch and replays the a + 1 tokens kept in
+    front of the next batch: E[a + 1; a < k - free_back] rows at this batch's average row cost
+    (llama/rollback.py), charged to the k that risked them."""
     best, best_speed = 0, 1.0 / v[0]
+    runs = [1.0]  # runs[a]: the chance the first a drafts are accepted
+    replay = 0.0  # expected rows replayed after this round's rejection
     # A round's value, for every prefix in one pass (the planner runs this every round over up to
     # 48 depths). Each row reached and not tied yields one token (an accepted draft, a correction or
     # the bonus); a tied row yields nothing and hands its position to a one-token round: with
@@ -126,6 +134,10 @@ def best_k(
         r = rates[k - 1]
         run *= r
         total += run
+        runs.append(run)
+        a = k - 1 - free_back if free_back is not None else -1
+        if a >= 0:  # a accepted, then a rejection k - a > free_back tokens back: a + 1 rows replay
+            replay += runs[a] * (1.0 - rates[a]) * (a + 1)
         tied += reach * tie
         walked += reach * beta
         reach *= beta * r
@@ -135,7 +147,8 @@ def best_k(
         else:
             e, p_tie = total, 0.0
         drift = e * drift_cost if inexact else 0.0
-        speed = (e + p_tie) / (overhead + k * draft_cost + v[k] + p_tie * v[0] + drift)
+        rollback = replay * (v[k] - v[0]) / k if replay > 0.0 else 0.0
+        speed = (e + p_tie) / (overhead + k * draft_cost + v[k] + p_tie * v[0] + drift + rollback)
         if speed > best_speed:
             best, best_speed = k, speed
     return best, best_speed
@@ -179,8 +192,11 @@ class AutoPlanner:
         learn_costs: bool = True,
         route_priors: Sequence[Mapping[str, tuple[float, float]]] = (),
         strict: bool = False,
+        free_back: int | None = None,
     ) -> None:
         self.costs = costs
+        #: tokens of a verify batch the target takes back for free (best_k; None: any)
+        self.free_back = free_back
         self.model_free = list(model_free)
         self.per_pass = list(per_pass) or [False] * len(self.model_free)
         #: per drafter, seconds one drafting round costs whatever its length (per_pass drafters)
@@ -273,6 +289,7 @@ class AutoPlanner:
             exact_n=self.costs.exact_n,
             overhead=overhead,
             drift_cost=self.drift_cost,
+            free_back=self.free_back,
         )
 
     def _always_right_k(self, drafter: int, v: list[float], overhead: float = 0.0) -> int:
@@ -426,7 +443,10 @@ class AutoPlanner:
     def observe(self, rnd: Round, plan: Plan, budget: DraftBudget | None = None) -> None:
         self._generated += rnd.emitted
         proposed = rnd.drafted if rnd.proposed is None else rnd.proposed
-        n = proposed + 1  # the verify batch: a rejection early in it does not make it cheaper
+        # the verify batch: a rejection early in it does not make it cheaper, and tokens an earlier
+        # rollback left in front of it are rows of it (best_k charges them to the round that risked
+        # them; booked to this batch size they would make it look dearer than it is)
+        n = proposed + 1 + rnd.replayed
         verify_s = rnd.seconds - rnd.draft_seconds
         if self.learn_costs and n <= len(self.costs.verify) and verify_s > 0:
             # a running mean over the first rounds of a size, then an EMA that follows the machine
@@ -529,6 +549,7 @@ def make_planner(loaded: LoadedModels, k: int | None, *, seed: int | None = None
         learn_costs=seed is None,
         route_priors=[d.route_priors for d in drafters],
         strict=loaded.strict,
+        free_back=getattr(loaded.target, "rollback_reach", None),
     )
 
 

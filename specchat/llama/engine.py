@@ -210,6 +210,10 @@ class LlamaModel(TreeBatches, VocabQueries):
         #: the last tree batch's side sequences and tokens, until keep_path
         self._tree: tuple[int, tuple[int, ...]] = (0, ())
         self._rollback: Rollback | None = None
+        #: pending tokens (left by a rollback) the last decode call decoded before the batch it was
+        #: given: rows its time paid for beyond that batch, which the loop reports so the planner
+        #: books them to the rollback, not to the batch size it asked for
+        self.replayed = 0
         #: whether a rejected draft can be taken back without re-decoding the context: always on an
         #: attention cache; on a recurrent one where llama.cpp can copy its state out (rollback.py)
         self.can_roll_back = True
@@ -256,6 +260,7 @@ class LlamaModel(TreeBatches, VocabQueries):
             )
         batch, front = list(tokens), 0
         rb = self._rollback
+        self.replayed = 0
         if rb is not None and n > 0:
             wants = rb.wants_checkpoint(n)
             pending = self._tokens[self._held :]
@@ -265,6 +270,7 @@ class LlamaModel(TreeBatches, VocabQueries):
                 for chunk in chunks:
                     self._run(chunk, [])
                 batch = pending[len(pending) - front :] + batch
+                self.replayed = len(pending)
             if wants:
                 rb.checkpoint(self._held)
         elif rb is None and self._held < len(self._tokens):
@@ -410,6 +416,13 @@ class LlamaModel(TreeBatches, VocabQueries):
             return
         for chunk in replay_chunks(self._tokens[self._held :], 0, alone=True)[0]:
             self._run(chunk, [])
+
+    @property
+    def rollback_reach(self) -> int | None:
+        """How many of a verify batch's tokens can be taken back for free: None on an attention cache
+        (any suffix); on a recurrent one llama.cpp's snapshots (rollback.py). A batch cut back
+        further goes back through its checkpoint, and the tokens kept replay with the next decode."""
+        return self._rollback.snapshots if self._rollback is not None else None
 
     @property
     def rollback_bytes(self) -> int:
