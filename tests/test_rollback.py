@@ -75,6 +75,31 @@ def test_going_back_restores_the_latest_checkpoint_at_or_before_the_cut() -> Non
     assert empty.go_back(10) == 0  # nothing kept: the caller clears and replays everything
 
 
+def test_a_draft_models_steps_take_it_back_with_nothing_to_replay() -> None:
+    """A checkpoint before drafting keeps, where a copy is cheap, the state after each one-token
+    step too: the target accepting 2 of 4 drafts takes the draft back to its second step, not to
+    the start with 2 tokens to decode again. A batch ends the steps; those kept stay valid."""
+    rb, restored = fake_rollback(snapshots=0)
+    rb.cheap_steps = True
+    rb.checkpoint(30, steps=True)
+    for pos in range(31, 35):
+        rb.decoded(1, pos)
+    assert [c.pos for c in rb.steps] == [31, 32, 33, 34]
+    assert rb.go_back(32) == 32 and restored == [32]
+    assert [c.pos for c in rb.steps] == [31, 32] and not rb.stepping
+    rb.checkpoint(32, steps=True)
+    rb.decoded(1, 33)
+    rb.decoded(3, 36)  # a batch: no step after it, nor after the next one-token decode
+    rb.decoded(1, 37)
+    assert [c.pos for c in rb.steps] == [33]
+    assert rb.go_back(35) == 33  # the latest state at or before the cut: 2 tokens to replay
+    dear, restored = fake_rollback(snapshots=0)  # a state too large to copy every step
+    dear.checkpoint(30, steps=True)
+    for pos in range(31, 35):
+        dear.decoded(1, pos)
+    assert dear.steps == [] and dear.go_back(32) == 30 and restored == [30]
+
+
 def test_anchors_are_kept_at_prompt_ends_and_bounded() -> None:
     rb, _ = fake_rollback(snapshots=4)
     for i in range(1, 8):
@@ -158,6 +183,23 @@ def test_a_cut_across_decode_calls_goes_back_through_the_checkpoint(hybrid: Path
         m.decode(tokens[32:35], [])  # no checkpoint here: three back reaches the last one at 30
         m.truncate(32)
         assert np.array_equal(m.decode([tokens[32]], [0])[0], singles[32])
+
+
+def test_a_draft_model_goes_back_to_its_step_state(hybrid: Path) -> None:
+    """A draft model's round on a real hybrid: checkpoint, four one-token drafts, two accepted. It
+    goes back to the state after its second draft: the next decode replays nothing and its row is
+    one-token decoding's."""
+    engine = _engine()
+    tokens = [int(t) for t in np.random.default_rng(5).integers(8, 400, 60)]
+    singles = _one_at_a_time(hybrid, tokens, 30)
+    with engine.LlamaModel(hybrid, engine.LoadOptions(n_ctx=512)) as m:
+        m.decode(tokens[:30], [])
+        m.checkpoint()
+        for t in tokens[30:34]:
+            m.decode([t], [0])
+        m.truncate(32)
+        assert np.array_equal(m.decode(tokens[32:34], [0, 1])[1], singles[33])
+        assert m.replayed == 0
 
 
 def test_a_restored_conversation_goes_back_to_its_anchor(hybrid: Path) -> None:

@@ -23,7 +23,7 @@ from ..errors import ContextFull, EngineError, ModelFileError
 from .devices import ggml_lib, supports_gpu_offload
 from .lib import llama_cpp
 from .log import quiet_stderr, set_verbose
-from .rollback import Checkpoint, Rollback, replay_chunks
+from .rollback import STEP_SHARE, Checkpoint, Rollback, replay_chunks
 from .rpc import failed_worker, worker_lost
 from .rpc_wire import parse_endpoints, probe
 from .tree_batch import TreeBatches
@@ -219,9 +219,16 @@ class LlamaModel(TreeBatches, VocabQueries):
         self.can_roll_back = True
         if self.recurrent:
             snapshots = int(llama_cpp.llama_n_rs_seq(ctx))  # 0 where the architecture has none
-            self._rollback = Rollback(snapshots, self._save_recurrent, self._restore_recurrent)
             flags = llama_cpp.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
-            self.can_roll_back = int(llama_cpp.llama_state_seq_get_size_ext(ctx, 0, flags)) > 0
+            state = int(llama_cpp.llama_state_seq_get_size_ext(ctx, 0, flags))
+            weights = int(llama_cpp.llama_model_size(model))
+            self._rollback = Rollback(
+                snapshots,
+                self._save_recurrent,
+                self._restore_recurrent,
+                cheap_steps=0 < state <= STEP_SHARE * weights,
+            )
+            self.can_roll_back = state > 0
         #: called after every llama_decode with (first position, token count): an MTP head reads the
         #: target's hidden rows there, before the next decode overwrites them (llama/mtp.py)
         self.on_decoded: Callable[[int, int], None] | None = None
@@ -387,7 +394,7 @@ class LlamaModel(TreeBatches, VocabQueries):
             del self._tokens[n:]
             return
         if rb.can_step_back(self._held, n) and llama_cpp.llama_memory_seq_rm(self._mem, 0, n, -1):
-            rb.stepped_back(self._held - n)
+            rb.stepped_back(self._held - n, n)
             self._held = n
         else:
             held = rb.go_back(n)
@@ -400,13 +407,15 @@ class LlamaModel(TreeBatches, VocabQueries):
 
     def checkpoint(self) -> None:
         """The caller may take the cache back to its current length after several decodes (a draft
-        model drafting token by token): on a recurrent model keep the state here; a no-op on an
-        attention cache, which can drop any suffix."""
+        model drafting token by token): on a recurrent model keep the state here, and where a copy
+        of it is cheap (rollback.STEP_SHARE) the state after each one-token decode that follows as
+        well, so a cut to any of them replays nothing; a no-op on an attention cache, which can drop
+        any suffix."""
         rb = self._rollback
         if rb is None or self._ctx is None:
             return
         self._flush()
-        rb.checkpoint(self._held)
+        rb.checkpoint(self._held, steps=True)
 
     def _flush(self) -> None:
         """Decode what a rollback (or a tree's side branch) left pending, in bit-exact chunks."""

@@ -51,6 +51,14 @@ MAX_ANCHORS = 2
 #: (the patched build's batches are bit-identical to one-token decoding up to 49 rows); a longer
 #: replay is decoded first in chunks of this size
 REPLAY_ROWS = 32
+#: states kept after a draft model's one-token steps at most (one per drafted token: the planner's
+#: deepest draft, DEPTH_CAP, decodes one fewer)
+MAX_STEPS = 16
+#: a cache keeps its state after every drafting step only where one copy of it is at most this share
+#: of the model's weights: a copy then costs a small fraction of a decode (which reads them all), and
+#: the steps kept at most a quarter of the weights in memory. LFM2's short convolutions (80 KB for
+#: a 350M draft) always qualify; so do the Gated DeltaNet states of Qwen3.5-class drafts (~1/100)
+STEP_SHARE = 1 / 64
 
 
 @dataclass(slots=True)
@@ -76,6 +84,8 @@ class Rollback:
     snapshots: int
     save: Callable[[int], Checkpoint]
     restore: Callable[[Checkpoint], bool]
+    #: whether a checkpoint may keep the state after each one-token step that follows it (STEP_SHARE)
+    cheap_steps: bool = False
     #: tokens in the last decode call (the snapshots cover at most these), and whether a step back
     #: has been taken since it (a second one before the next decode is refused by llama.cpp)
     last_decode: int = 0
@@ -83,6 +93,11 @@ class Rollback:
     #: the checkpoint taken before the latest batch that snapshots could not undo
     working: Checkpoint | None = None
     anchors: list[Checkpoint] = field(default_factory=list)
+    #: the states after each one-token decode since the working checkpoint (a draft model drafting
+    #: token by token, `cheap_steps`): going back to any of them replays nothing, where the working
+    #: checkpoint alone replays every draft the target accepted. `stepping` while they are kept
+    steps: list[Checkpoint] = field(default_factory=list)
+    stepping: bool = False
 
     # --- decoding ---------------------------------------------------------------------------------
     def wants_checkpoint(self, n_new: int) -> bool:
@@ -98,6 +113,11 @@ class Rollback:
         prompt-size batch."""
         self.last_decode = n_batch
         self.stepped = False
+        if self.stepping:
+            if n_batch == 1 and len(self.steps) < MAX_STEPS:
+                self.steps.append(self.save(end))
+            else:  # a batch or too many steps: the ones kept stay valid, no more are added
+                self.stepping = False
         if n_batch >= ANCHOR_TOKENS:
             self.anchor(end)
 
@@ -110,8 +130,12 @@ class Rollback:
         while len(self.anchors) > MAX_ANCHORS:
             del self.anchors[0]
 
-    def checkpoint(self, pos: int) -> None:
-        """Keep the state after `pos` tokens as the working checkpoint (the caller flushed pending)."""
+    def checkpoint(self, pos: int, *, steps: bool = False) -> None:
+        """Keep the state after `pos` tokens as the working checkpoint (the caller flushed pending);
+        with `steps` (and `cheap_steps`), also the state after each one-token decode that follows,
+        until a batch is decoded or the cache is cut."""
+        self.steps = []
+        self.stepping = steps and self.cheap_steps
         if self.working is not None and self.working.pos == pos:
             return
         self.working = self.save(pos)
@@ -125,13 +149,17 @@ class Rollback:
         back = held - n
         return 0 < back <= min(self.snapshots, self.last_decode - 1) and not self.stepped
 
-    def stepped_back(self, back: int) -> None:
+    def stepped_back(self, back: int, n: int | None = None) -> None:
+        """llama.cpp's snapshots took the cache `back` tokens back, to `n`: step states past it go."""
         self.stepped = True
         self.last_decode -= back
+        self.stepping = False
+        if n is not None:
+            self.steps = [c for c in self.steps if c.pos <= n]
 
     def best_checkpoint(self, n: int) -> Checkpoint | None:
         """The latest checkpoint at or before `n` tokens."""
-        found = [c for c in (self.working, *self.anchors) if c is not None and c.pos <= n]
+        found = [c for c in (self.working, *self.steps, *self.anchors) if c is not None and c.pos <= n]
         return max(found, key=lambda c: c.pos) if found else None
 
     def go_back(self, n: int) -> int:
@@ -141,6 +169,8 @@ class Rollback:
         replays). Checkpoints past n are dropped."""
         if self.working is not None and self.working.pos > n:
             self.working = None
+        self.steps = [c for c in self.steps if c.pos <= n]
+        self.stepping = False
         self.anchors = [a for a in self.anchors if a.pos <= n]
         self.stepped = True  # no snapshot step back until the next decode
         self.last_decode = 0
@@ -150,13 +180,15 @@ class Rollback:
     def forget(self) -> None:
         """The cache was cleared or replaced: nothing to go back to."""
         self.working = None
+        self.steps = []
+        self.stepping = False
         self.anchors = []
         self.last_decode = 0
         self.stepped = True
 
     @property
     def nbytes(self) -> int:
-        return sum(c.nbytes for c in (self.working, *self.anchors) if c is not None)
+        return sum(c.nbytes for c in (self.working, *self.steps, *self.anchors) if c is not None)
 
 
 def replay_chunks(
