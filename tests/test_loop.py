@@ -405,3 +405,17 @@ def test_each_round_records_the_tokens_its_verify_batch_replayed():
     assert [t.id for t in tokens] == plain_greedy(target, PROMPT, 24)
     assert [r.replayed for r in rounds] == reported[1:]  # the prompt's prefill comes first
     assert any(r.replayed for r in rounds) and not all(r.replayed for r in rounds)
+
+
+def test_common_prefix_len_equals_the_token_by_token_walk():
+    from specchat.decoding.model import PREFIX_BLOCK, common_prefix_len
+
+    rng = np.random.default_rng(3)
+    for _ in range(300):
+        a = [int(t) for t in rng.integers(0, 3, int(rng.integers(0, 3 * PREFIX_BLOCK)))]
+        cut = int(rng.integers(0, len(a) + 1))
+        b = a[:cut] + [int(t) for t in rng.integers(0, 3, int(rng.integers(0, 40)))]
+        want = 0
+        while want < min(len(a), len(b)) and a[want] == b[want]:
+            want += 1
+        assert common_prefix_len(a, b) == common_prefix_len(tuple(b), a) == want
