@@ -56,6 +56,10 @@ class LoadConfig:
     strict: bool = False
     #: --rpc: llama.cpp RPC workers (`HOST:PORT`) the target's layers are split over (llama/rpc.py)
     rpc: tuple[str, ...] = ()
+    #: a split target keeps its output layer on this machine (llama/output_layer.py), so its logits
+    #: are computed here and only hidden states cross the network; False leaves it where llama.cpp
+    #: puts it, on the last worker
+    local_output: bool = True
     #: --tree-width: side nodes a draft model's token tree may have per round (0: chains only)
     tree_width: int = 0
 
@@ -264,7 +268,7 @@ def load(
     # verify batches shown bit-exact on this build, attention with V in f16 (llama.cpp's default) and
     # in bf16 past 512 cells included (llama/invariance.py); 0: not shown, or not on the CPU it ran on
     verified = verified_exact_rows(ident) if on_cpu else 0
-    split = _split(workers, infos[cfg.target], cfg.gpu_layers) if workers else None
+    split = _split(workers, infos[cfg.target], cfg.gpu_layers, cfg.local_output) if workers else None
     if split is not None:
         note(f"loading {paths[cfg.target].name}: {split.summary}")
     target = LlamaModel(
@@ -274,6 +278,7 @@ def load(
             gpu_layers=split.gpu_layers if split is not None else cfg.gpu_layers,
             devices=split.devices if split is not None else None,
             workers=tuple(str(w.endpoint) for w in workers),
+            local_output=split is not None and split.local_output,
             threads=cfg.threads,
             verbose=cfg.verbose,
             # One target, one output: the target loads the same with or without drafters, so
@@ -416,14 +421,17 @@ def _probe_workers(endpoints: Sequence[str], *, same_build: bool = True) -> list
     return [probe(e, build_tag=tag) for e in parse_endpoints(",".join(endpoints))]
 
 
-def _split(workers: Sequence[WorkerInfo], info: Any, gpu_layers: int | None) -> Split:
-    """The target's layers over this machine and the workers, by free memory (llama/rpc.py)."""
+def _split(workers: Sequence[WorkerInfo], info: Any, gpu_layers: int | None, local_output: bool) -> Split:
+    """The target's layers over this machine and the workers, by free memory, the output layer here
+    where `local_output` (llama/rpc.py)."""
     from ..llama.devices import device_memory
     from ..llama.rpc import split_target
 
     cpu = [d.free_bytes for d in device_memory() if d.kind == "cpu"]
     local = cpu[0] if cpu else hardware.machine_memory([]).ram_total
-    return split_target(int(info.n_layer), workers, local_free=local, gpu_layers=gpu_layers)
+    return split_target(
+        int(info.n_layer), workers, local_free=local, gpu_layers=gpu_layers, local_output=local_output
+    )
 
 
 def _resolve(spec: str) -> ModelRef:
