@@ -1,5 +1,6 @@
 """`specchat worker` for the tests: started as a child process on a free port of 127.0.0.1 and waited
-for until it answers the probe, stopped with Ctrl-C (test_rpc_split.py, test_rpc_faults.py)."""
+for until it answers the probe, stopped with Ctrl-C (test_rpc_split.py, test_rpc_faults.py); a relay
+in front of one that counts the bytes each way."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 
 import pytest
 
@@ -69,3 +71,63 @@ def started_worker(*extra: str, port: int | None = None) -> Iterator[tuple[Endpo
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+class Relay:
+    """A TCP relay in front of a worker that counts the bytes each way (`counting_relay`)."""
+
+    def __init__(self, to: Endpoint) -> None:
+        self.to = to
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.endpoint = Endpoint("127.0.0.1", self.server.getsockname()[1])
+        self.to_worker = 0
+        self.from_worker = 0
+        self._lock = threading.Lock()
+        self._socks: list[socket.socket] = []
+
+    def _pipe(self, src: socket.socket, dst: socket.socket, from_worker: bool) -> None:
+        try:
+            while data := src.recv(1 << 16):
+                with self._lock:
+                    if from_worker:
+                        self.from_worker += len(data)
+                    else:
+                        self.to_worker += len(data)
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                with suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+
+    def serve(self) -> None:
+        while True:
+            try:
+                client, _ = self.server.accept()
+            except OSError:
+                return  # closed
+            worker = socket.create_connection((self.to.host, self.to.port))
+            for s in (client, worker):
+                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # as ggml-rpc sets it
+            self._socks += [client, worker]
+            for args in ((client, worker, False), (worker, client, True)):
+                threading.Thread(target=self._pipe, args=args, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.close()
+        for s in self._socks:
+            with suppress(OSError):
+                s.close()
+
+
+@contextmanager
+def counting_relay(to: Endpoint) -> Iterator[Relay]:
+    """A relay on a free port of 127.0.0.1 to the worker at `to`, counting what crosses it: a split's
+    clients connect to `relay.endpoint`; `relay.from_worker` is what the worker sent back."""
+    relay = Relay(to)
+    threading.Thread(target=relay.serve, daemon=True).start()
+    try:
+        yield relay
+    finally:
+        relay.close()

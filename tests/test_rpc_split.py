@@ -70,7 +70,7 @@ def test_the_split_is_said_in_one_line_and_the_worker_says_what_it_serves(tiny_t
     argv += ["--threads", "1", "--ctx-size", "256", "--rpc", str(endpoint)]
     res = subprocess.run(argv, capture_output=True, text=True, env=child_env(), timeout=300)
     assert res.returncode == 0, res.stderr
-    assert f"target split: layer 0 on this machine, layer 1 and the output on {endpoint}" in res.stderr
+    assert f"target split: layer 0 and the output on this machine, layer 1 on {endpoint}" in res.stderr
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=20)
     assert proc.returncode == 0
@@ -182,19 +182,22 @@ def test_a_worker_lends_the_memory_given_and_the_split_follows_it(tiny_models_di
         res = subprocess.run(argv, capture_output=True, text=True, env=child_env(), timeout=300)
         assert res.returncode == 0, res.stderr
         # this machine keeps every layer it may: all but the one the workers always get
-        assert f"layers 0-2 on this machine, layer 3 and the output on {endpoint}" in res.stderr
+        assert f"layers 0-2 and the output on this machine, layer 3 on {endpoint}" in res.stderr
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=20)
     assert "1 MiB free of 1 MiB" in out
 
 
-#: a child process (an RPC failure must not take the test session with it): the probe model's logits for
-#: a 10-token prompt, loaded as specchat loads a target (repacked weights), split over `rpc` when given
+#: a child process (an RPC failure must not take the test session with it): the model's logits for a
+#: 10-token prompt, loaded as specchat loads a target (repacked weights), split over `rpc` when given,
+#: its output layer on this machine (the default) or, with "worker", where llama.cpp puts it
 _LOGITS = """
 import sys
 import numpy as np
 from specchat.models.loader import LoadConfig, load
-loaded = load(LoadConfig(target=sys.argv[1], ctx_size=64, threads=1, rpc=tuple(sys.argv[2:]), force=True))
+path, output, rpc = sys.argv[1], sys.argv[2], tuple(sys.argv[3:])
+cfg = LoadConfig(target=path, ctx_size=64, threads=1, rpc=rpc, force=True, local_output=output == "local")
+loaded = load(cfg)
 try:
     logits = loaded.target.decode([1, 5, 9, 77, 100, 200, 31, 42, 8, 250], list(range(10)))
     sys.stdout.write(np.ascontiguousarray(logits, dtype=np.float32).tobytes().hex())
@@ -203,8 +206,8 @@ finally:
 """
 
 
-def _logits(path: Path, *rpc: str) -> bytes:
-    argv = [sys.executable, "-c", _LOGITS, str(path), *rpc]
+def _logits(path: Path, *rpc: str, output: str = "local") -> bytes:
+    argv = [sys.executable, "-c", _LOGITS, str(path), output, *rpc]
     res = subprocess.run(argv, capture_output=True, text=True, env=child_env(), timeout=300)
     assert res.returncode == 0, res.stderr
     return bytes.fromhex(res.stdout)
@@ -213,15 +216,42 @@ def _logits(path: Path, *rpc: str) -> bytes:
 @needs_rpc
 def test_repacked_weight_types_on_a_worker_give_the_unsplit_logits_bit_for_bit(tmp_path: Path, worker):
     """The worker keeps the quantised weights its matmuls read in the CPU's repacked layout, as this
-    process does (patch 0009): every layer and the output on the worker, the logits are the same bits."""
+    process does (patch 0009): every layer on the worker, the output layer there too or kept here
+    (the default, in the buffer the unsplit load gives it), the logits are the same bits. With a tied
+    embedding too, whose output is llama.cpp's second copy of token_embd.weight."""
     from specchat.llama.probe_model import write_probe_gguf
 
     endpoint, _ = worker
     for qtype in ("Q4_0", "Q4_K", "Q6_K", "Q8_0"):
-        model = write_probe_gguf(tmp_path / f"probe-{qtype}.gguf", qtype, seed=3)
-        unsplit = _logits(model)
-        assert len(unsplit) == 10 * 288 * 4
-        assert _logits(model, str(endpoint)) == unsplit, qtype
+        for tied in (False, True):
+            model = write_probe_gguf(tmp_path / f"probe-{qtype}-{tied}.gguf", qtype, seed=3, tied=tied)
+            unsplit = _logits(model)
+            assert len(unsplit) == 10 * 288 * 4
+            assert _logits(model, str(endpoint)) == unsplit, (qtype, tied)
+            assert _logits(model, str(endpoint), output="worker") == unsplit, (qtype, tied)
+
+
+@needs_rpc
+def test_a_split_keeps_the_output_layer_here_so_no_logits_cross_the_network(tiny_models_dir: Path, worker):
+    """Counted on the wire: with the output layer on this machine a 10-token decode brings back hidden
+    states (n_embd floats a row), not logits (n_vocab floats a row); left on the worker, the logits
+    come back. The output is the unsplit one either way."""
+    from .rpc_workers import counting_relay
+    from .tiny_models import write_tiny_llama
+
+    endpoint, _ = worker
+    n_vocab, n_embd, rows = 4096, 32, 10
+    model = write_tiny_llama(tiny_models_dir / "wide-vocab.gguf", seed=5, vocab=n_vocab, n_embd=n_embd)
+    unsplit = _logits(model)
+    assert len(unsplit) == rows * n_vocab * 4
+    sent_back = {}
+    for output in ("local", "worker"):
+        with counting_relay(endpoint) as relay:
+            assert _logits(model, str(relay.endpoint), output=output) == unsplit, output
+            sent_back[output] = relay.from_worker
+    logits_bytes = rows * n_vocab * 4
+    assert sent_back["worker"] >= logits_bytes  # the logits crossed
+    assert sent_back["local"] < logits_bytes // 4  # hidden states (and the protocol's replies) only
 
 
 @needs_rpc

@@ -15,7 +15,7 @@ from contextlib import contextmanager, suppress
 import pytest
 
 from specchat.errors import BadInput, WorkerError
-from specchat.llama.rpc import plan
+from specchat.llama.rpc import keeps_output_local, plan
 from specchat.llama.rpc_wire import (
     CAPS_SIZE,
     CMD_DEVICE_COUNT,
@@ -172,7 +172,7 @@ def test_a_cpu_machine_keeps_its_memorys_share_of_the_layers_and_the_workers_the
     one = [_info(1, 16 * GIB)]
     assert plan(2, one, local_free=16 * GIB) == (
         2,
-        "layer 0 on this machine, layer 1 and the output on 127.0.0.1:1",
+        "layer 0 and the output on this machine, layer 1 on 127.0.0.1:1",
     )
     assert plan(80, one, local_free=48 * GIB)[0] == 81 - 60  # 3/4 of the memory: 60 layers stay here
     # always at least one layer on the workers, and at most all of them
@@ -184,7 +184,10 @@ def test_a_cpu_machine_keeps_its_memorys_share_of_the_layers_and_the_workers_the
 def test_gpu_layers_wins_and_local_gpus_share_every_layer_by_free_memory():
     one = [_info(1, GIB)]
     assert plan(10, one, local_free=GIB, gpu_layers=3)[0] == 3
-    assert plan(10, one, local_free=GIB, gpu_layers=99) == (11, "layers 0-9 and the output on 127.0.0.1:1")
+    assert plan(10, one, local_free=GIB, gpu_layers=99) == (
+        11,
+        "the output layer on this machine, layers 0-9 on 127.0.0.1:1",
+    )
     assert (
         plan(10, one, local_free=GIB, gpu_layers=1)[1]
         == "layers 0-9 on this machine, the output layer on 127.0.0.1:1"
@@ -194,3 +197,28 @@ def test_gpu_layers_wins_and_local_gpus_share_every_layer_by_free_memory():
     )
     offloaded, summary = plan(10, one, local_free=GIB, local_gpus=1)
     assert offloaded == 11 and "this machine's GPUs" in summary
+
+
+def test_the_output_layer_stays_here_unless_asked_or_the_workers_would_hold_it_alone():
+    one = [_info(1, GIB)]
+    assert keeps_output_local(2) and keeps_output_local(11)
+    assert not keeps_output_local(1)  # the workers' only layer: moving it would leave them nothing
+    assert not keeps_output_local(0)  # nothing offloaded
+    assert not keeps_output_local(11, local_gpus=1)  # llama.cpp gives it to this machine's last GPU
+    assert not keeps_output_local(5, wanted=False)
+    # where llama.cpp puts it (LoadConfig.local_output=False): the last worker, as the summary says
+    assert plan(2, one, local_free=GIB, local_output=False) == (
+        2,
+        "layer 0 on this machine, layer 1 and the output on 127.0.0.1:1",
+    )
+    assert plan(10, one, local_free=GIB, gpu_layers=99, local_output=False) == (
+        11,
+        "layers 0-9 and the output on 127.0.0.1:1",
+    )
+    # the count of offloaded layers does not change with it: llama.cpp still counts the output
+    for n_layer in (2, 5, 28):
+        for free in (1, GIB, 1 << 50):
+            assert (
+                plan(n_layer, one, local_free=free)[0]
+                == plan(n_layer, one, local_free=free, local_output=False)[0]
+            )

@@ -117,7 +117,8 @@ RpcOpt = Annotated[
         metavar="HOST:PORT[,...]",
         help="Split the target's layers over this machine and these llama.cpp RPC workers "
         "(`specchat worker` on each), by free memory; the draft models and heads stay here. "
-        "With --gpu-layers N, N layers (from the last, the output counted as one) go to the workers.",
+        "With --gpu-layers N, N layers (from the last, the output counted as one) are offloaded: the "
+        "workers take the others, the output layer stays here.",
     ),
 ]
 ThreadsOpt = Annotated[

@@ -23,6 +23,7 @@ from ..errors import ContextFull, EngineError, ModelFileError
 from .devices import ggml_lib, supports_gpu_offload
 from .lib import llama_cpp
 from .log import quiet_stderr, set_verbose
+from .output_layer import local_output_overrides
 from .rollback import STEP_SHARE, Checkpoint, Rollback, replay_chunks
 from .rpc import failed_worker, worker_lost
 from .rpc_wire import parse_endpoints, probe
@@ -70,6 +71,10 @@ class LoadOptions:
     #: the RPC workers (`HOST:PORT`) among `devices`: after every decode the model asks whether one
     #: stopped answering, and raises WorkerError naming it (its outputs are not the model's)
     workers: tuple[str, ...] = ()
+    #: keep the output layer on this machine's CPU, in the buffer an unsplit load gives it, though
+    #: `devices` take the layers before it (llama/output_layer.py): a target split over RPC workers
+    #: then gets its logits here and only hidden states cross the network
+    local_output: bool = False
     #: side branches a token-tree verify batch may have (decoding/tree.py): the context then holds
     #: that many more llama.cpp sequences in one unified KV cache (the branches share the committed
     #: cells, so the cache is no bigger). 0, and always on a recurrent or hybrid model: chains only
@@ -111,12 +116,13 @@ def load_model_file(
     repack: bool = True,
     load_mtp: bool = False,
     devices: tuple[int, ...] | None = None,
+    local_output: bool = False,
 ) -> object | None:
     """A GGUF loaded by llama.cpp with `gpu_layers` offloaded (negative: all) to `devices` (None:
     llama.cpp's default list), repacked weights (`repack`, where the build has them) and its NextN
-    layers (`load_mtp`): a target, or a drafter's own file loaded with its target's offload so both
-    sit on the same device. None where llama.cpp cannot load it; the caller says what the file was
-    meant to be."""
+    layers (`load_mtp`), its output layer kept on this machine's CPU (`local_output`): a target, or a
+    drafter's own file loaded with its target's offload so both sit on the same device. None where
+    llama.cpp cannot load it; the caller says what the file was meant to be."""
     mparams = llama_cpp.llama_model_default_params()
     mparams.n_gpu_layers = 2**31 - 1 if gpu_layers < 0 else gpu_layers
     if hasattr(mparams, "use_extra_bufts"):
@@ -126,6 +132,10 @@ def load_model_file(
     listed = (ctypes.c_void_p * (len(devices) + 1))(*devices, None) if devices is not None else None
     if listed is not None:
         mparams.devices = ctypes.cast(listed, ctypes.c_void_p).value
+    # read by llama.cpp only while it loads: `overrides` holds the array until the call returns
+    overrides = local_output_overrides() if local_output else None
+    if overrides is not None:
+        mparams.tensor_buft_overrides = overrides.address
     with quiet_stderr(not verbose):
         return llama_cpp.llama_model_load_from_file(str(path).encode(), mparams) or None
 
@@ -155,6 +165,7 @@ class LlamaModel(TreeBatches, VocabQueries):
             repack=opts.repack,
             load_mtp=opts.load_mtp,
             devices=opts.devices,
+            local_output=opts.local_output,
         )
         if model is None:
             if opts.workers:  # a worker that died while the weights were sent: name it

@@ -92,10 +92,13 @@ def _gguf_kv(key: str, value: Any) -> bytes:
     return head + struct.pack("<IIQ", 9, 6, len(items)) + struct.pack(f"<{len(items)}f", *items)
 
 
-def write_probe_gguf(path: Path, qtype: str, *, seed: int = 0, n_ctx: int | None = None) -> Path:
+def write_probe_gguf(
+    path: Path, qtype: str, *, seed: int = 0, n_ctx: int | None = None, tied: bool = False
+) -> Path:
     """A one-layer llama GGUF whose every matmul weight is `qtype` (see PROBE_SHAPES), with a
     SentencePiece vocab of byte tokens; written directly (GGUF v3) so the probe needs no `gguf` package.
-    `n_ctx` (default PROBE_SHAPES) is the context length the file declares."""
+    `n_ctx` (default PROBE_SHAPES) is the context length the file declares. `tied`: no output matrix,
+    the embedding (then `qtype` too) doubles as the output, as on Qwen2.5's small models."""
     import numpy as np
 
     s = PROBE_SHAPES
@@ -143,6 +146,8 @@ def write_probe_gguf(path: Path, qtype: str, *, seed: int = 0, n_ctx: int | None
         "output_norm.weight": f32(n_embd),
         "output.weight": q(n_vocab, n_embd, 4.0),
     }
+    if tied:  # llama.cpp loads token_embd.weight a second time as the output (TENSOR_DUPLICATED)
+        tensors["token_embd.weight"] = tensors.pop("output.weight")
     return write_gguf(path, meta, tensors)
 
 

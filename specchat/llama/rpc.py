@@ -15,6 +15,13 @@ layers its memory is of the whole (at least none, at most all but one), the work
 share it by their free memory. Where this machine has GPUs they join the list after the workers, and
 llama.cpp shares every offloaded layer by free memory as llama-server does.
 
+The output layer is the exception: llama.cpp would put it on the last worker, and every decode would
+then bring a full-vocabulary row of logits back over the network per output token. A split keeps it
+on this machine's CPU instead (llama/output_layer.py), in the buffer the unsplit load gives it, so
+only hidden states cross and the logits keep their unsplit bits. Not where this machine's GPUs join
+the split (the last device, which llama.cpp gives the output layer, is then one of them), nor where
+the workers would take the output layer alone.
+
 Before any of this the workers have answered `rpc_wire.probe` (llama.cpp aborts the process on a
 worker it cannot reach): `plan` is pure arithmetic on those answers, `worker_devices` asks
 ggml-rpc for each worker's devices only after that.
@@ -71,12 +78,23 @@ def require_rpc(what: str) -> ctypes.CDLL:
 @dataclass(frozen=True, slots=True)
 class Split:
     """Where a target's layers go: `gpu_layers` of them (from the end, output included) to `devices`
-    (ggml device handles: the workers', then this machine's GPUs), the rest on this machine's CPU."""
+    (ggml device handles: the workers', then this machine's GPUs), the rest on this machine's CPU,
+    the output layer too where `local_output`."""
 
     gpu_layers: int
     devices: tuple[int, ...]
     #: one line for the user: which machine holds which layers
     summary: str
+    #: the output layer stays on this machine's CPU though it is counted in `gpu_layers`
+    #: (LoadOptions.local_output)
+    local_output: bool = False
+
+
+def keeps_output_local(offloaded: int, *, local_gpus: int = 0, wanted: bool = True) -> bool:
+    """Whether a split with `offloaded` layers (output counted) keeps its output layer on this
+    machine's CPU: when `wanted`, where the workers hold repeating layers (more than the output alone)
+    and this machine has no GPU of its own in the split (which would hold the output already)."""
+    return wanted and offloaded > 1 and not local_gpus
 
 
 def plan(
@@ -86,12 +104,14 @@ def plan(
     local_free: int,
     local_gpus: int = 0,
     gpu_layers: int | None = None,
+    local_output: bool = True,
 ) -> tuple[int, str]:
     """(n_gpu_layers, summary) for a target of `n_layer` layers over this machine and `workers`.
 
     `local_free` is this machine's free memory for its share (its CPU's, on a CPU-only machine);
     `local_gpus` how many GPUs of its own join the split; `gpu_layers` the user's --gpu-layers, which
-    wins. Pure arithmetic, tested without llama.cpp."""
+    wins; `local_output`: keep the output layer here where `keeps_output_local` allows (the summary
+    says where it is). Pure arithmetic, tested without llama.cpp."""
     names = ", ".join(str(w.endpoint) for w in workers)
     remote = sum(w.free_bytes for w in workers)
     if gpu_layers is not None and gpu_layers >= 0:
@@ -109,6 +129,9 @@ def plan(
         )
     elif offloaded == 0:
         where = f"every layer on this machine, none on {names}"
+    elif keeps_output_local(offloaded, local_gpus=local_gpus, wanted=local_output):
+        here = f"{_layers(0, kept - 1)} and the output" if kept else "the output layer"
+        where = f"{here} on this machine, {_layers(kept, n_layer - 1)} on {names}"
     else:
         remote = f"{_layers(kept, n_layer - 1)} and the output" if kept < n_layer else "the output layer"
         where = (f"{_layers(0, kept - 1)} on this machine, " if kept else "") + f"{remote} on {names}"
@@ -168,13 +191,25 @@ def local_gpu_devices(lib: ctypes.CDLL) -> tuple[int, ...]:
 
 
 def split_target(
-    n_layer: int, workers: Sequence[WorkerInfo], *, local_free: int, gpu_layers: int | None = None
+    n_layer: int,
+    workers: Sequence[WorkerInfo],
+    *,
+    local_free: int,
+    gpu_layers: int | None = None,
+    local_output: bool = True,
 ) -> Split:
-    """The target's placement over this machine and the (probed) workers, their devices in hand."""
+    """The target's placement over this machine and the (probed) workers, their devices in hand;
+    `local_output`: keep the output layer here where it would go to a worker (see `plan`)."""
     lib = require_rpc("--rpc")
     remote = tuple(d for w in workers for d in worker_devices(lib, w.endpoint))
     local = local_gpu_devices(lib)
     offloaded, summary = plan(
-        n_layer, workers, local_free=local_free, local_gpus=len(local), gpu_layers=gpu_layers
+        n_layer,
+        workers,
+        local_free=local_free,
+        local_gpus=len(local),
+        gpu_layers=gpu_layers,
+        local_output=local_output,
     )
-    return Split(gpu_layers=offloaded, devices=(*remote, *local), summary=summary)
+    here = keeps_output_local(offloaded, local_gpus=len(local), wanted=local_output)
+    return Split(gpu_layers=offloaded, devices=(*remote, *local), summary=summary, local_output=here)

@@ -28,6 +28,7 @@ from .gguf import read_gguf
 from .heads import check_dflash_file, check_eagle3_file, default_head, head_file_spec
 from .pair import check_pair
 from .registry import ModelRef
+from .workers import lent, place, probe_workers, workers_key
 
 if TYPE_CHECKING:
     from ..decoding.constraint import GrammarSpec
@@ -35,7 +36,6 @@ if TYPE_CHECKING:
     from ..llama.eagle3 import Eagle3Head
     from ..llama.grammar import Grammar
     from ..llama.mtp import AssistantHead, MtpHead
-    from ..llama.rpc import Split
     from ..llama.rpc_wire import WorkerInfo
 
 
@@ -56,6 +56,10 @@ class LoadConfig:
     strict: bool = False
     #: --rpc: llama.cpp RPC workers (`HOST:PORT`) the target's layers are split over (llama/rpc.py)
     rpc: tuple[str, ...] = ()
+    #: a split target keeps its output layer on this machine (llama/output_layer.py), so its logits
+    #: are computed here and only hidden states cross the network; False leaves it where llama.cpp
+    #: puts it, on the last worker
+    local_output: bool = True
     #: --tree-width: side nodes a draft model's token tree may have per round (0: chains only)
     tree_width: int = 0
 
@@ -222,7 +226,7 @@ def load(
 
     ident = build_identity()  # the installed build: refused if recorded bad, keys the calibration below
     refuse_known_bad(ident)
-    workers = _probe_workers(cfg.rpc, same_build=not cfg.force)  # an unusable worker: one line, first
+    workers = probe_workers(cfg.rpc, same_build=not cfg.force)  # an unusable worker: one line, first
     stock = build_warning(ident)  # a stock llama-cpp-python: said once, with how to get the patched one
     free = {
         spec: registry.make(spec) for spec in cfg.drafts if registry.is_model_free(spec)
@@ -248,7 +252,7 @@ def load(
         gpu_layers=cfg.gpu_layers,
         force=cfg.force,
         offline=cfg.offline,
-        workers=_lent(workers),
+        workers=lent(workers),
     )
     paths = {spec: locate(spec, offline=cfg.offline, console=console) for spec in [cfg.target, *model_specs]}
     infos = {spec: read_gguf(p) for spec, p in paths.items()}  # not-a-GGUF / truncated: one clear line
@@ -264,7 +268,7 @@ def load(
     # verify batches shown bit-exact on this build, attention with V in f16 (llama.cpp's default) and
     # in bf16 past 512 cells included (llama/invariance.py); 0: not shown, or not on the CPU it ran on
     verified = verified_exact_rows(ident) if on_cpu else 0
-    split = _split(workers, infos[cfg.target], cfg.gpu_layers) if workers else None
+    split = place(workers, infos[cfg.target], cfg.gpu_layers, cfg.local_output) if workers else None
     if split is not None:
         note(f"loading {paths[cfg.target].name}: {split.summary}")
     target = LlamaModel(
@@ -274,6 +278,7 @@ def load(
             gpu_layers=split.gpu_layers if split is not None else cfg.gpu_layers,
             devices=split.devices if split is not None else None,
             workers=tuple(str(w.endpoint) for w in workers),
+            local_output=split is not None and split.local_output,
             threads=cfg.threads,
             verbose=cfg.verbose,
             # One target, one output: the target loads the same with or without drafters, so
@@ -349,7 +354,7 @@ def load(
                 # a split target's passes cross the network: its verify curve (a round trip per pass,
                 # so V(k)/V(1) falls) is measured through these workers and kept apart from this
                 # machine's own
-                backend = out.backend = f"{backend} rpc:{_workers_key(workers)} {split.summary}"
+                backend = out.backend = f"{backend} rpc:{workers_key(workers)} {split.summary}"
             out.verified_rows = verified
             out.tie_margin = tie_margin(target, backend=backend)
             out.exact_rows = exact_rows(target, backend=backend, verified=out.verified_rows)
@@ -362,15 +367,6 @@ def load(
         out.close()
         raise
     return out
-
-
-def _workers_key(workers: Sequence[WorkerInfo]) -> str:
-    """The workers of a split as a calibration key: address, protocol and each device's total memory
-    (free memory moves between runs; the total names the machine)."""
-    return ",".join(
-        f"{w.endpoint}/{'.'.join(map(str, w.version))}/{'+'.join(str(total) for _, total in w.memory)}"
-        for w in workers
-    )
 
 
 def _target_head(
@@ -397,30 +393,6 @@ def _target_head(
             "--draft mtp:assistant=PATH, or another --draft",
         )
     return MtpHead(target, verbose=cfg.verbose)
-
-
-def _probe_workers(endpoints: Sequence[str], *, same_build: bool = True) -> list[WorkerInfo]:
-    """Each --rpc worker asked for its version and memory (llama/rpc_wire.py), on a build that has
-    the RPC backend: one line for the first that cannot be used. Empty without --rpc. `same_build`:
-    a worker of another build is refused too (--force lets it compute)."""
-    if not endpoints:
-        return []
-    from ..llama.rpc import build_tag, require_rpc
-    from ..llama.rpc_wire import parse_endpoints, probe
-
-    require_rpc("--rpc")
-    tag = build_tag() if same_build else None
-    return [probe(e, build_tag=tag) for e in parse_endpoints(",".join(endpoints))]
-
-
-def _split(workers: Sequence[WorkerInfo], info: Any, gpu_layers: int | None) -> Split:
-    """The target's layers over this machine and the workers, by free memory (llama/rpc.py)."""
-    from ..llama.devices import device_memory
-    from ..llama.rpc import split_target
-
-    cpu = [d.free_bytes for d in device_memory() if d.kind == "cpu"]
-    local = cpu[0] if cpu else hardware.machine_memory([]).ram_total
-    return split_target(int(info.n_layer), workers, local_free=local, gpu_layers=gpu_layers)
 
 
 def _resolve(spec: str) -> ModelRef:
@@ -500,13 +472,8 @@ def _fit_check(
     fp = hardware.estimate_footprint([(paths[s], infos[s]) for s in paths], cfg.ctx_size)
     offload, memory = _offload_and_memory(cfg.gpu_layers)
     hardware.fit_check(
-        fp, gpu_offload=offload, vram_bytes=None, force=cfg.force, memory=memory, workers=_lent(workers)
+        fp, gpu_offload=offload, vram_bytes=None, force=cfg.force, memory=memory, workers=lent(workers)
     )
-
-
-def _lent(workers: Sequence[WorkerInfo]) -> list[tuple[str, int]]:
-    """Each worker's address and the memory it reports free (what a split may place there)."""
-    return [(str(w.endpoint), w.free_bytes) for w in workers]
 
 
 def chat_prompt(

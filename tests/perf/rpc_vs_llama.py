@@ -9,7 +9,14 @@ of them, then repeat 2 ...:
 - specchat `run --raw --json`: plain and the default drafting (the registry's draft and n-gram lookup,
   auto), unsplit, split straight to the worker (loopback) and split through the proxy;
 - llama-server `--rpc` through the proxy, the same `-ngl` split: plain, and `-md DRAFT` (draft kept
-  local with `-ngld 0`) at several `--spec-draft-n-max` / `--draft-p-min` settings.
+  local with `-ngld 0`) at several `--spec-draft-n-max` / `--draft-p-min` settings;
+- with `--other-checkout DIR`: specchat plain and default through the proxy again, run from another
+  checkout of specchat on the same llama-cpp-python (`other proxy plain`, `other proxy default`), to
+  set a change of the split against the code before it in the same interleaved run.
+
+`--gpu-layers` is llama.cpp's count (`-ngl`), the output layer counted as one: llama-server puts the
+output layer on the worker with the others; specchat keeps it on this machine (the same repeating
+layers on each side), so its verify passes bring back hidden states rather than logits.
 
 Same raw ChatML text, greedy, the same number of tokens, 2 threads everywhere. Decode speed only:
 specchat's stats, llama-server's `timings.predicted_per_second`. Printed per configuration: the median
@@ -18,7 +25,7 @@ unsplit plain decoding token for token.
 
 Usage:
   python tests/perf/rpc_vs_llama.py LLAMA_BIN_DIR TARGET.gguf DRAFT.gguf [--gpu-layers 15]
-      [--delay-ms 2] [-n 128] [--repeats 2] [--prompts 3] [--json OUT]
+      [--delay-ms 2] [-n 128] [--repeats 2] [--prompts 3] [--other-checkout DIR] [--json OUT]
 """
 
 from __future__ import annotations
@@ -62,22 +69,27 @@ def prompts(count: int) -> list[tuple[str, str]]:
     return picked[:count]
 
 
-def run_specchat(target: str, prompt: str, n: int, extra: list[str]) -> tuple[float, list[int], dict]:
+def run_specchat(
+    target: str, prompt: str, n: int, extra: list[str], checkout: Path = ROOT
+) -> tuple[float, list[int], dict]:
     argv = [sys.executable, "-m", "specchat", "run", target, "--raw", "--json", "--temp", "0", "-n", str(n),
             "-t", "2", "-c", "4096", *extra]  # fmt: skip
-    done = subprocess.run(argv, input=prompt, capture_output=True, text=True, cwd=ROOT)
+    done = subprocess.run(argv, input=prompt, capture_output=True, text=True, cwd=checkout)
     if done.returncode != 0:
         raise SystemExit(f"specchat failed ({' '.join(argv)}):\n{done.stderr[-3000:]}")
     doc = json.loads(done.stdout)
     return float(doc["stats"]["tokens_per_second"]), list(doc["tokens"]), doc["stats"]
 
 
-def cost_model(target: str, extra: list[str]) -> list[str]:
-    """`run --verbose`'s cost-model lines (calibration through the workers for a split target)."""
+def cost_model(target: str, extra: list[str], checkout: Path = ROOT) -> list[str]:
+    """`run --verbose`'s split and cost-model lines (calibration through the workers for a split
+    target)."""
     argv = [sys.executable, "-m", "specchat", "run", target, "--raw", "--temp", "0", "-n", "4", "-t", "2",
             "-c", "4096", "--verbose", "-p", "hello", *extra]  # fmt: skip
-    done = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT)
-    return [ln.strip() for ln in done.stderr.splitlines() if ln.strip().startswith("cost model")]
+    done = subprocess.run(argv, capture_output=True, text=True, cwd=checkout)
+    return [
+        ln.strip() for ln in done.stderr.splitlines() if ln.strip().startswith(("cost model", "target split"))
+    ]
 
 
 def start_worker(port: int) -> subprocess.Popen[str]:
@@ -104,7 +116,9 @@ def main() -> None:
     ap.add_argument("bin_dir", type=Path)
     ap.add_argument("target")
     ap.add_argument("draft")
-    ap.add_argument("--gpu-layers", type=int, default=15, help="layers (output included) on the worker")
+    ap.add_argument(
+        "--gpu-layers", type=int, default=15, help="llama.cpp's -ngl: layers offloaded, the output counted"
+    )
     ap.add_argument("--delay-ms", type=float, default=2.0)
     ap.add_argument("-n", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=2)
@@ -112,6 +126,9 @@ def main() -> None:
     ap.add_argument("--only", default="", help="comma-separated configuration names")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--ports", help="WORKER,PROXY (fixed ports keep the split's calibration between runs)")
+    ap.add_argument(
+        "--other-checkout", type=Path, help="also run the proxy configurations from this checkout"
+    )
     args = ap.parse_args()
 
     wport, pport = map(int, args.ports.split(",")) if args.ports else (free_port(), free_port())
@@ -126,6 +143,11 @@ def main() -> None:
         "specchat split default": ("specchat", [*spec, "--rpc", direct, *split]),
         "specchat proxy plain": ("specchat", ["--no-draft", "--rpc", proxied, *split]),
         "specchat proxy default": ("specchat", [*spec, "--rpc", proxied, *split]),
+    }
+    if args.other_checkout:
+        configs["other proxy plain"] = ("other", ["--no-draft", "--rpc", proxied, *split])
+        configs["other proxy default"] = ("other", [*spec, "--rpc", proxied, *split])
+    configs |= {
         "llama-server proxy plain": ("llama", ["--rpc", proxied, "-ngl", ngl]),
     }
     for n_max, p_min in ((4, 0.75), (8, 0.5), (16, 0.5)):
@@ -147,15 +169,25 @@ def main() -> None:
     try:
         with latency_proxy(pport, direct, args.delay_ms):
             # the verify curve the planner drafts by, on one machine, over loopback and through the proxy
-            for name in ("specchat default", "specchat split default", "specchat proxy default"):
+            names = (
+                "specchat default",
+                "specchat split default",
+                "specchat proxy default",
+                "other proxy default",
+            )
+            for name in names:
                 if name in configs:
-                    print(f"{name}: " + "; ".join(cost_model(args.target, configs[name][1])), flush=True)
+                    where = args.other_checkout if configs[name][0] == "other" else ROOT
+                    print(
+                        f"{name}: " + "; ".join(cost_model(args.target, configs[name][1], where)), flush=True
+                    )
             for rep in range(args.repeats):
                 for pname, text in items:
                     reference: list[int] | None = None
                     for name, (kind, extra) in configs.items():
-                        if kind == "specchat":
-                            tps, tokens, stats = run_specchat(args.target, text, args.n, extra)
+                        if kind in ("specchat", "other"):
+                            where = args.other_checkout if kind == "other" else ROOT
+                            tps, tokens, stats = run_specchat(args.target, text, args.n, extra, where)
                             if reference is None:
                                 reference = tokens
                             equal[name] &= tokens == reference
@@ -175,6 +207,7 @@ def main() -> None:
     plain_of = {
         "specchat plain": "specchat plain", "specchat default": "specchat plain",
         "specchat split plain": "specchat split plain", "specchat split default": "specchat split plain",
+        "other proxy plain": "other proxy plain", "other proxy default": "other proxy plain",
     }  # fmt: skip
     print(f"\n+{args.delay_ms} ms each way, {args.gpu_layers} layers on the worker, {len(items)} prompts x "
           f"{args.repeats} repeats, {args.n} tokens, medians:")  # fmt: skip
@@ -185,7 +218,7 @@ def main() -> None:
         )
         ratio = med[name] / med[base]
         acc = statistics.mean(accept[name]) if accept[name] else 0.0
-        same = ("equal" if equal[name] else "DIFFERS") if configs[name][0] == "specchat" else ""
+        same = ("equal" if equal[name] else "DIFFERS") if configs[name][0] in ("specchat", "other") else ""
         tpp = statistics.mean(per_pass[name]) if per_pass[name] else 0.0
         rows.append(
             {"config": name, "tok_s": med[name], "vs_own_plain": ratio, "acceptance": acc, "output": same,
