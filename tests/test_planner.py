@@ -929,15 +929,34 @@ def test_a_block_drafters_pass_is_learned_and_priced_once_per_round():
     assert k_free > 0 and free.pass_cost == [0.0]  # nothing measured yet: priced as free
 
     dear = planner()
-    for _ in range(3):  # rounds whose drafting took what a target token takes
+    slow_first = Round(
+        "block", 2, 2, 2, 3, mid_v[2] + 30 * mid_v[0], draft_seconds=30 * mid_v[0]
+    )  # the graph built
+    dear.observe(slow_first, dear.plan(8, ["any"]))
+    assert dear.pass_cost == [0.0]
+    for _ in range(3):  # rounds whose drafting took what a target token takes, catching up apart
         plan = dear.plan(8, ["any"])
-        dear.observe(Round("block", 2, 2, 2, 3, mid_v[2] + mid_v[0], draft_seconds=mid_v[0]), plan)
+        rnd = Round(
+            "block",
+            2,
+            2,
+            2,
+            3,
+            mid_v[2] + 2 * mid_v[0],
+            draft_seconds=2 * mid_v[0],
+            catch_up_seconds=mid_v[0],
+        )
+        dear.observe(rnd, plan)
     assert dear.pass_cost[0] == pytest.approx(mid_v[0])
     k_dear = dear.plan(8, ["any"]).k
     assert k_dear > k_free  # a fixed cost per round: longer blocks spread it
 
     hopeless = planner()
-    hopeless.observe(Round("block", 2, 2, 2, 3, 1.0, draft_seconds=20 * mid_v[0]), hopeless.plan(8, ["any"]))
+    for _ in range(2):  # the first pass (llama.cpp building the block's graph) is not counted
+        hopeless.observe(
+            Round("block", 2, 2, 2, 3, 1.0, draft_seconds=20 * mid_v[0]), hopeless.plan(8, ["any"])
+        )
+    assert hopeless.pass_cost[0] == pytest.approx(20 * mid_v[0])
     assert not hopeless.can_pay(0)
     assert hopeless.plan(8, ["any"]).drafter is None
 

@@ -112,9 +112,14 @@ class BlockDrafter:
         k = min(k, self._block.max_drafts, self._block.n_ctx - len(context))
         if k <= 0:
             return out
+        # catching up (the target's features for what was committed since the last block) is timed
+        # apart: the planner prices the block's pass, and a first block after a long prompt or idle
+        # rounds would otherwise teach it a pass many times dearer than it is
+        self._block.sync(context)
+        out.catch_up_seconds = time.perf_counter() - start
         rows = self._block.block(context, k)
         if self._block.selector_top_k:
-            return self._walk(context, k, budget, start)
+            return self._walk(k, budget, start, out.catch_up_seconds)
         head = self._block.confidence
         reach = 1.0
         p_min = self.p_min or 0.0
@@ -150,11 +155,11 @@ class BlockDrafter:
         out.seconds = time.perf_counter() - start
         return out
 
-    def _walk(self, context: Sequence[int], k: int, budget: DraftBudget | None, start: float) -> Proposal:
+    def _walk(self, k: int, budget: DraftBudget | None, start: float, catch_up: float) -> Proposal:
         """DFlash2's draft: the selector's path through the block (walk_lattice), cut as any block is.
         The path's tokens come with no distribution (q None whether greedy or sampling): the verifier
         treats them as a lookup's, which keeps sampling exact."""
-        out = Proposal(q=None)
+        out = Proposal(q=None, catch_up_seconds=catch_up)
         lattice = self._block.lattice
         if lattice is None:
             return out

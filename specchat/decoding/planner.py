@@ -483,9 +483,12 @@ class AutoPlanner:
             per = drafting / steps
             self.costs.draft[drafter] += EMA * (per - self.costs.draft[drafter])
         if self.learn_costs and drafting > 0 and self.per_pass[drafter]:
-            # a running mean over its first rounds, then an EMA that follows the machine
+            # a running mean over its first rounds, then an EMA that follows the machine. The first
+            # pass is not counted: it builds llama.cpp's graph for the block, and priced at that,
+            # the drafter would not be given the rounds that show what a pass really costs
             seen = self._passes_seen[drafter]
-            self.pass_cost[drafter] += max(EMA, 1.0 / (seen + 1)) * (drafting - self.pass_cost[drafter])
+            if seen > 0:
+                self.pass_cost[drafter] += max(EMA, 1.0 / seen) * (drafting - self.pass_cost[drafter])
             self._passes_seen[drafter] = seen + 1
 
 
