@@ -111,6 +111,8 @@ class DFlashBlock:
             self.close()
             raise
         self._width = int(llama_cpp.llama_model_n_embd(target.raw_model))
+        #: the drafter's own width: the length of each NextN row it hands out
+        self._n_embd_dec = int(llama_cpp.llama_model_n_embd(self._model))
         for layer in self._layers:
             calls.set_layer_inp(target.raw_context, layer, True)
         #: the tokens whose target features are in the drafter's cache, at positions 0.. in order
@@ -244,23 +246,23 @@ class DFlashBlock:
             if rc != 0:
                 raise EngineError(f"llama.cpp's DFlash block decode failed with code {rc}")
             if self.selector_top_k:
-                width = int(llama_cpp.llama_model_n_embd(self._model))
-                ptr = nextn_calls().llama_get_embeddings_nextn(self._ctx)
-                rows = np.ctypeslib.as_array(ptr, shape=(n + 1, width))  # row 0: the anchor's, empty
                 used = self.selector_top_k * (self.selector_top_k + 1)
-                self.lattice = rows[1 : n + 1, :used].copy()
+                self.lattice = self._nextn_rows(n + 1)[1:, :used].copy()  # row 0: the anchor's, empty
                 return out
             for i in range(n):
                 logits = llama_cpp.llama_get_logits_ith(self._ctx, i + skip)
                 out[i] = np.ctypeslib.as_array(logits, shape=(self.n_vocab,))
             if self.has_confidence:
-                width = int(llama_cpp.llama_model_n_embd(self._model))
-                ptr = nextn_calls().llama_get_embeddings_nextn(self._ctx)
-                rows = np.ctypeslib.as_array(ptr, shape=((n + skip) * width,))
-                self.confidence = rows[skip * width :: width][:n].copy()  # each row's first value
+                self.confidence = self._nextn_rows(n + skip)[skip:, 0].copy()  # each row's first value
         finally:
             llama_cpp.llama_memory_seq_rm(self._mem, 0, first, -1)
         return out
+
+    def _nextn_rows(self, count: int) -> np.ndarray:
+        """The last block's NextN embedding rows (count, drafter width), where llama.cpp hands out a
+        DSpark head's confidences and a DFlash2 selector's lattice: a view, valid until the next pass."""
+        ptr = nextn_calls().llama_get_embeddings_nextn(self._ctx)
+        return np.ctypeslib.as_array(ptr, shape=(count, self._n_embd_dec))
 
     def truncate(self, n: int) -> None:
         """Keep the rows of the first `n` injected tokens."""
