@@ -31,6 +31,7 @@ class OracleDrafter:
     source = Source.DRAFT
     model = None
     per_pass = False
+    pass_share = 0.0
     prior = (1.0, 1.0)
     route_priors: dict[str, tuple[float, float]] = {}  # noqa: RUF012 (a protocol attribute, never changed)
     p_min = None

@@ -356,3 +356,42 @@ def test_the_drafter_checks_its_target_before_llama_cpp_sees_them(
             DFlashBlock(qwen3, write_dflash(tmp_path / "deep.gguf", target_layers=(1, 2, 4)))
         with pytest.raises(ModelFileError, match="is no DFlash drafter"):
             DFlashBlock(qwen3, target)
+
+
+def test_a_block_pass_is_priced_by_the_weights_its_rows_run_through(dflash_pair: tuple[Path, Path]) -> None:
+    """block_pass_share: the drafter's bytes per row over the target's, the embedding table left out
+    (a row looks it up) unless it is the output layer too, and a drafter without an output layer
+    charged its target's; the loader hands it to the drafter, which the planner prices with it."""
+    from dataclasses import replace
+
+    from specchat.models.gguf import read_gguf
+    from specchat.models.heads import EMBED_TENSOR, OUTPUT_TENSOR, block_pass_share
+
+    target_path, drafter_path = dflash_pair
+    target, drafter = read_gguf(target_path), read_gguf(drafter_path)
+
+    def row_bytes(info, skip=(EMBED_TENSOR,)):
+        return sum(t.nbytes for t in info.tensors if t.name not in skip)
+
+    output = next(t.nbytes for t in target.tensors if t.name == OUTPUT_TENSOR)
+    share = block_pass_share(drafter, target)
+    assert share == pytest.approx(row_bytes(drafter) / row_bytes(target))
+    borrowing = replace(
+        drafter, tensors=tuple(t for t in drafter.tensors if t.name not in (EMBED_TENSOR, OUTPUT_TENSOR))
+    )
+    assert block_pass_share(borrowing, target) == pytest.approx(
+        (row_bytes(borrowing) + output) / row_bytes(target)
+    )
+    tied = replace(target, tensors=tuple(t for t in target.tensors if t.name != OUTPUT_TENSOR))
+    assert block_pass_share(drafter, tied) == pytest.approx(row_bytes(drafter) / row_bytes(tied, skip=()))
+
+    from specchat.models.loader import LoadConfig, load
+
+    cfg = LoadConfig(
+        target=str(target_path), drafts=(f"{DFLASH}:model={drafter_path}",), ctx_size=256, threads=1
+    )
+    loaded = load(cfg)
+    try:
+        assert [d.pass_share for d in loaded.drafters] == [pytest.approx(share)]
+    finally:
+        loaded.close()

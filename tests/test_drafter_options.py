@@ -96,6 +96,7 @@ class Lookup:
         self.source = NgramDrafter.source
         self.model, self.prior, self.route_priors, self.p_min = None, (1.0, 1.0), {}, None
         self.per_pass = False
+        self.pass_share = 0.0
         self.prepared: list[int] = []
 
     def route(self, context):

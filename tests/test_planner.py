@@ -464,8 +464,8 @@ def test_explain_says_why_auto_never_drafts():
 
 
 def test_low_draft_acceptance_suggests_a_same_family_draft():
+    from specchat.decoding.advice import acceptance_advice
     from specchat.decoding.events import DrafterStats, Stats
-    from specchat.decoding.planner import acceptance_advice
 
     def stats(drafted: int, accepted: int, name: str = "smol.gguf") -> Stats:
         per = (DrafterStats(name, 9, drafted, accepted),)
@@ -907,64 +907,70 @@ def test_a_model_drafter_counts_its_decodes_after_the_catch_up():
     assert len(out.tokens) == 4 and out.decodes == 3  # the last proposed token is never decoded
 
 
-def test_a_block_drafters_pass_is_learned_and_priced_once_per_round():
-    """A block drafter (per_pass) pays one pass per round whatever its length: once its rounds have
-    shown what the pass costs, the planner drafts deeper to spread it, and not at all where even an
-    always-right block cannot pay for it."""
-    rates_of = {"any": (20.0, 5.0)}  # accepted ~80% of the time: a good drafter
-    mid_v = [0.010 + 0.003 * i for i in range(9)]  # a verify curve between the CPU's and a GPU's
+STEEP_V = [0.010 + 0.005 * i for i in range(9)]  # a CPU-like verify curve: each row half a token
 
-    def planner() -> AutoPlanner:
-        return AutoPlanner(
-            Costs(list(mid_v), [0.0], exact_n=len(mid_v)),  # every batch exact: no ties to price
-            [(20.0, 5.0)],
-            model_free=[True],
-            per_pass=[True],
-            route_priors=[rates_of],
-            explore=False,
-        )
 
-    free = planner()
-    k_free = free.plan(8, ["any"]).k
-    assert k_free > 0 and free.pass_cost == [0.0]  # nothing measured yet: priced as free
+def _block_planner(share: float, v: list[float] = STEEP_V, **kw) -> AutoPlanner:
+    """A planner for one block drafter accepted ~80% of the time, every batch exact (no ties)."""
+    return AutoPlanner(
+        Costs(list(v), [0.0], exact_n=len(v)),
+        [(20.0, 5.0)],
+        model_free=[True],
+        per_pass=[True],
+        pass_share=[share],
+        route_priors=[{"any": (20.0, 5.0)}],
+        explore=False,
+        **kw,
+    )
 
-    dear = planner()
-    slow_first = Round(
-        "block", 2, 2, 2, 3, mid_v[2] + 30 * mid_v[0], draft_seconds=30 * mid_v[0]
-    )  # the graph built
-    dear.observe(slow_first, dear.plan(8, ["any"]))
-    assert dear.pass_cost == [0.0]
-    for _ in range(3):  # rounds whose drafting took what a target token takes, catching up apart
-        plan = dear.plan(8, ["any"])
-        rnd = Round(
-            "block",
-            2,
-            2,
-            2,
-            3,
-            mid_v[2] + 2 * mid_v[0],
-            draft_seconds=2 * mid_v[0],
-            catch_up_seconds=mid_v[0],
-        )
-        dear.observe(rnd, plan)
-    assert dear.pass_cost[0] == pytest.approx(mid_v[0])
-    k_dear = dear.plan(8, ["any"]).k
-    assert k_dear > k_free  # a fixed cost per round: longer blocks spread it
 
-    hopeless = planner()
-    for _ in range(2):  # the first pass (llama.cpp building the block's graph) is not counted
-        hopeless.observe(
-            Round("block", 2, 2, 2, 3, 1.0, draft_seconds=20 * mid_v[0]), hopeless.plan(8, ["any"])
-        )
-    assert hopeless.pass_cost[0] == pytest.approx(20 * mid_v[0])
-    assert not hopeless.can_pay(0)
-    assert hopeless.plan(8, ["any"]).drafter is None
+def test_a_block_drafters_pass_is_priced_by_its_share_before_any_is_timed():
+    """A block's pass of k + 1 rows is priced at share x V(k+1) from the first round: a drafter with
+    a fraction of the target's weights per row drafts, one with half of them does not on a steep
+    curve (every block row is nearly as dear as the target's), and on a flat curve it does: there
+    the pass is close to a fixed cost, which a deeper block spreads."""
+    assert _block_planner(0.0).plan(8, ["any"]).k > 0
+    assert _block_planner(0.1).plan(8, ["any"]).k > 0
+    assert _block_planner(0.5).plan(8, ["any"]).drafter is None
+    flat = [0.010 + 0.0002 * i for i in range(9)]
+    assert _block_planner(0.5, flat).plan(8, ["any"]).k >= _block_planner(0.5).plan(8, ["any"]).k
+
+
+def test_a_block_drafters_pass_is_learned_from_its_rounds():
+    """The share is learned as the pass's time over the verify batch of its rows: the first pass
+    (llama.cpp building the block's graph) is not counted, catching up is not part of it, and a
+    drafter priced free before it was timed stops drafting once its passes show it cannot pay."""
+    planner = _block_planner(0.0)
+    assert planner.plan(8, ["any"]).k > 0
+    first = Round("block", 2, 2, 2, 3, 1.0, draft_seconds=1.0, draft_decodes=3)
+    planner.observe(first, planner.plan(8, ["any"]))
+    assert planner.pass_scale == [0.0]
+    for _ in range(3):  # passes of 3 rows at 0.6 x V(3), a catch-up of one target token apart
+        pass_s = 0.6 * STEEP_V[2]
+        catch_up = STEEP_V[0]
+        rnd = Round("block", 2, 2, 2, 3, STEEP_V[2] + pass_s + catch_up,
+                    draft_seconds=pass_s + catch_up, catch_up_seconds=catch_up, draft_decodes=3)  # fmt: skip
+        planner.observe(rnd, planner.plan(8, ["any"]))
+    assert planner.pass_scale[0] == pytest.approx(0.6)
+    assert planner.plan(8, ["any"]).drafter is None
+
+
+def test_a_block_drafter_is_budgeted_like_a_draft_model():
+    """Its rows are computed when it reads them (no draft cost), so it gets the floors a draft model
+    gets: they stop its block and price its side nodes. An n-gram lookup still gets none."""
+    planner = _block_planner(0.1)
+    plan = planner.plan(8, ["any"])
+    budget = planner.draft_budget(plan)
+    assert budget is not None and budget.floor_at(0) > 0
+    lookup = AutoPlanner(Costs(list(STEEP_V), [0.0], exact_n=9), [(20.0, 5.0)], model_free=[True])
+    assert lookup.draft_budget(lookup.plan(8, ["any"])) is None
 
 
 def test_a_seeded_planner_does_not_learn_a_block_pass():
-    """Under a seed the planner's choices must not follow timing: the pass stays unpriced."""
-    planner = AutoPlanner(
-        Costs(list(CPU_V), [0.0]), [(20.0, 5.0)], model_free=[True], per_pass=[True], learn_costs=False
-    )
-    planner.observe(Round("block", 2, 2, 2, 3, 1.0, draft_seconds=0.5), planner.plan(8, ["any"]))
-    assert planner.pass_cost == [0.0]
+    """Under a seed the planner's choices must not follow timing: the pass keeps its prior."""
+    planner = _block_planner(0.1, learn_costs=False)
+    for _ in range(3):
+        planner.observe(
+            Round("block", 2, 2, 2, 3, 1.0, draft_seconds=0.5, draft_decodes=3), planner.plan(8, ["any"])
+        )
+    assert planner.pass_scale == [0.1]

@@ -294,7 +294,8 @@ def _prepare(loaded: Loaded, suite: list[BenchPrompt], max_tokens: int, err: Con
 
 def _meta(loaded: Loaded, drafts: tuple[str, ...]) -> dict[str, object]:
     """Where and with what the numbers were measured, for the JSON document and the report header."""
-    from ..decoding.planner import calibration_report, make_planner
+    from ..decoding.advice import calibration_report
+    from ..decoding.planner import make_planner
     from ..llama.devices import backend_info
 
     target = loaded.target

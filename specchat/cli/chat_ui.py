@@ -181,8 +181,8 @@ class ChatUI:
 
     def _advise(self) -> None:
         """Once per chat: say so when the draft model's acceptance over the conversation stays low."""
+        from ..decoding.advice import acceptance_advice
         from ..decoding.events import Source
-        from ..decoding.planner import acceptance_advice
 
         total = self.session.totals()
         if self._advised or total is None:

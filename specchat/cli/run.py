@@ -124,9 +124,10 @@ def generate_one(
     """Load, generate one answer to `prompt`, show it (or print it as JSON), and free the models."""
     import numpy as np
 
+    from ..decoding.advice import acceptance_advice, calibration_report
     from ..decoding.events import sources_for
     from ..decoding.loop import Tally
-    from ..decoding.planner import acceptance_advice, calibration_report, make_planner
+    from ..decoding.planner import make_planner
     from ..decoding.session import answer_events
     from ..models import loader
     from . import render

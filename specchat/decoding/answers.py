@@ -65,6 +65,7 @@ class AnswersDrafter:
     source = Source.NGRAM  # a lookup in earlier text: shown as the n-gram drafter's tokens are
     model = None
     per_pass = False
+    pass_share = 0.0
     prior = (1.0, 1.0)
     route_priors: Mapping[str, tuple[float, float]] = MappingProxyType(ANSWER_ROUTE_PRIORS)
     p_min = None  # a lookup has no confidence; the planner's per-route statistics judge it

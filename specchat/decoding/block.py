@@ -6,8 +6,10 @@ alone, so position i's token is drawn from its row without looking at the tokens
 that is still a distribution that depends only on what precedes the draft, so the verifier's
 rejection sampling stays exact when the rows are handed over as q. The drafter reads where to stop
 from each row's top probability (its confidence), as a draft model does, but pays nothing per
-position: the whole block costs one pass, which the planner prices once per round (the fixed cost
-of drafting at all), and each token only the verify row it would take.
+position: the whole block costs one pass, which the planner prices once per round, and each token
+only the verify row it would take. That pass computes a row per position (its output layer's above
+all), so a deeper block costs the drafter more: as the target's batch of those rows does, scaled to
+the drafter's weights (AutoPlanner's pass_scale).
 """
 
 from __future__ import annotations
@@ -87,12 +89,17 @@ class BlockDrafter:
     model: Model | None = None
     per_pass = True
 
-    def __init__(self, block: BlockModel, p_min: float, tree_width: int = 0) -> None:
+    def __init__(
+        self, block: BlockModel, p_min: float, tree_width: int = 0, pass_share: float = 0.0
+    ) -> None:
         self._block = block
         self.name = block.name
         self.p_min: float | None = p_min
         #: side nodes of a round's token tree at most: positions' runners-up in their own rows
         self.tree_width = tree_width
+        #: the block's pass over the target's batch of as many rows, before one is measured
+        #: (models/heads.py block_pass_share; 0: priced as free until measured)
+        self.pass_share = pass_share
 
     def route(self, context: Sequence[int]) -> str | None:
         return "block" if 0 < len(context) < self._block.n_ctx else None
@@ -118,6 +125,7 @@ class BlockDrafter:
         self._block.sync(context)
         out.catch_up_seconds = time.perf_counter() - start
         rows = self._block.block(context, k)
+        out.decodes = k + 1  # the rows the pass computed (the anchor's and k guesses), as priced
         if self._block.selector_top_k:
             return self._walk(k, budget, start, out.catch_up_seconds)
         head = self._block.confidence
@@ -159,7 +167,7 @@ class BlockDrafter:
         """DFlash2's draft: the selector's path through the block (walk_lattice), cut as any block is.
         The path's tokens come with no distribution (q None whether greedy or sampling): the verifier
         treats them as a lookup's, which keeps sampling exact."""
-        out = Proposal(q=None, catch_up_seconds=catch_up)
+        out = Proposal(q=None, catch_up_seconds=catch_up, decodes=k + 1)
         lattice = self._block.lattice
         if lattice is None:
             return out

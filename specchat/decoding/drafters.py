@@ -34,7 +34,8 @@ class Proposal:
     #: the drafter's confidence in each token (its top probability), where it has one
     confidence: list[float] = field(default_factory=list)
     #: one-token draft decodes after the catch-up (which gave the first token's distribution): what
-    #: a draft model's cost per token is learned from (a round of one token has none)
+    #: a draft model's cost per token is learned from (a round of one token has none); a block
+    #: drafter's: the rows its pass computed
     decodes: int = 0
     #: a token tree's side nodes (decoding/tree.py), as (position, token): an alternative to
     #: `tokens[position]`, after the same tokens[:position]. Empty: a chain
@@ -127,6 +128,9 @@ class Drafter(Protocol):
     #: its draft costs one pass per round whatever its length (a block drafter): the planner prices
     #: that pass on every round it drafts, learned from its rounds, rather than a cost per token
     per_pass: bool
+    #: a per_pass drafter's pass of n rows over the target's batch of n rows, before any is measured
+    #: (its weights per row over the target's); 0 for the others
+    pass_share: float
     #: Beta(a, b) prior of a drafted token's acceptance before any evidence on its routes
     prior: tuple[float, float]
     #: per-route priors (route() names) that override `prior` where they are known
@@ -199,6 +203,7 @@ class ModelDrafter:
 
     source = Source.DRAFT
     per_pass = False  # one decode per drafted token: priced per token
+    pass_share = 0.0
     #: a draft of the target's own family agrees with it more often than not from the start
     prior = (3.0, 2.0)
     route_priors: Mapping[str, tuple[float, float]] = MappingProxyType({})
@@ -441,6 +446,7 @@ class NgramDrafter:
     source = Source.NGRAM
     model = None
     per_pass = False
+    pass_share = 0.0
     prior = (1.0, 1.0)
     route_priors: Mapping[str, tuple[float, float]] = MappingProxyType(NGRAM_ROUTE_PRIORS)
     p_min = None  # a lookup has no confidence; the planner's per-route statistics judge it

@@ -31,8 +31,8 @@ import numpy as np
 from .acceptance import Acceptance, ConfidenceByDepth
 from .calibration import K_MAX, Costs, calibrate
 from .drafters import DraftBudget, Drafter
-from .events import Round, Stats
-from .loop import NO_DRAFT, FixedK, Plan, Planner
+from .events import Round
+from .loop import NO_DRAFT, FixedK, Plan
 from .model import Model
 from .settings import MAX_TOKENS
 
@@ -105,6 +105,7 @@ def best_k(
     overhead: float = 0.0,
     drift_cost: float = 0.0,
     free_back: int | None = None,
+    pass_scale: float = 0.0,
 ) -> tuple[int, float]:
     """(k, tokens/second) maximising E(k)/(k·draft_cost + V(k+1)); k = 0 is plain decoding.
 
@@ -118,7 +119,9 @@ def best_k(
     (None: any, an attention cache). A draft rejected further back than that, after `a` accepted
     tokens, goes back through the checkpoint before the batch and replays the a + 1 tokens kept in
     front of the next batch: E[a + 1; a < k - free_back] rows at this batch's average row cost
-    (llama/rollback.py), charged to the k that risked them."""
+    (llama/rollback.py), charged to the k that risked them. `pass_scale`: a block drafter's pass for a
+    draft of k costs pass_scale·V(k+1) (its k + 1 rows run the same kinds of matmul over its own,
+    smaller, weights: near-free per row where the verify curve is flat, dear where it is steep)."""
     best, best_speed = 0, 1.0 / v[0]
     runs = [1.0]  # runs[a]: the chance the first a drafts are accepted
     replay = 0.0  # expected rows replayed after this round's rejection
@@ -148,7 +151,8 @@ def best_k(
             e, p_tie = total, 0.0
         drift = e * drift_cost if inexact else 0.0
         rollback = replay * (v[k] - v[0]) / k if replay > 0.0 else 0.0
-        speed = (e + p_tie) / (overhead + k * draft_cost + v[k] + p_tie * v[0] + drift + rollback)
+        block = pass_scale * v[k]
+        speed = (e + p_tie) / (overhead + block + k * draft_cost + v[k] + p_tie * v[0] + drift + rollback)
         if speed > best_speed:
             best, best_speed = k, speed
     return best, best_speed
@@ -174,9 +178,12 @@ class AutoPlanner:
     `model_free[i]`: drafter i runs no model (Drafter.model is None): its proposals are free, its
     cost is never learned, and it drafts the planned k (a draft model is handed a deeper cap and
     stops itself, by the budget). `per_pass[i]`: drafter i pays one pass per round whatever it
-    proposes (a block drafter): that pass, learned from its rounds, is a fixed cost of every round it
-    drafts, so it drafts deeper or not at all where the pass is dear (0 until a round has measured it,
-    and under a seed, whose choices must not follow timing).
+    proposes (a block drafter), which computes a row per drafted token: a draft of k costs it
+    `pass_scale[i]`·V(k+1), the target's batch of those rows scaled to the drafter's size. The scale
+    starts at `pass_share[i]` (the drafter's weights per row over the target's: models/heads.py) and
+    is learned from its rounds (not under a seed, whose choices must not follow timing). So where
+    every block row computes a full output layer on a steep curve, a block drafter is priced as the
+    dear drafter it is from its first round, and on a flat curve as the near-free one.
     """
 
     def __init__(
@@ -186,6 +193,7 @@ class AutoPlanner:
         *,
         model_free: Sequence[bool],
         per_pass: Sequence[bool] = (),
+        pass_share: Sequence[float] = (),
         k_max: int = K_MAX,
         rng: np.random.Generator | None = None,
         explore: bool = True,
@@ -199,8 +207,9 @@ class AutoPlanner:
         self.free_back = free_back
         self.model_free = list(model_free)
         self.per_pass = list(per_pass) or [False] * len(self.model_free)
-        #: per drafter, seconds one drafting round costs whatever its length (per_pass drafters)
-        self.pass_cost = [0.0] * len(self.model_free)
+        #: per drafter, a block pass over the verify batch of its rows (per_pass drafters; 0 for others)
+        shares = list(pass_share) or [0.0] * len(self.model_free)
+        self.pass_scale = [s if p else 0.0 for s, p in zip(shares, self.per_pass, strict=True)]
         self._passes_seen = [0] * len(self.model_free)
         # per drafter, priors for the routes it knows something about (n-gram match lengths)
         self.route_priors = list(route_priors)
@@ -273,7 +282,7 @@ class AutoPlanner:
         """Whether this drafter could beat plain decoding even if every draft were accepted
         (`v`: the verify curve up to k_max, when the caller has it already)."""
         v = self._verify_curve(self.k_max) if v is None else v
-        return self._always_right_k(drafter, v, overhead=self.pass_cost[drafter]) > 0
+        return self._always_right_k(drafter, v) > 0
 
     def _best_k(
         self, drafter: int, rates: Sequence[float], v: list[float], overhead: float = 0.0
@@ -290,6 +299,7 @@ class AutoPlanner:
             overhead=overhead,
             drift_cost=self.drift_cost,
             free_back=self.free_back,
+            pass_scale=self.pass_scale[drafter],
         )
 
     def _always_right_k(self, drafter: int, v: list[float], overhead: float = 0.0) -> int:
@@ -389,7 +399,7 @@ class AutoPlanner:
             behind = self._catch_up_cost(i, lags)
             # what it is behind even when it drafts every round
             steady = min(behind, STEADY_LAG * self._catch_up_price(i))
-            k_i, speed = self._best_k(i, rates, v, overhead=steady + self.pass_cost[i])
+            k_i, speed = self._best_k(i, rates, v, overhead=steady)
             if k_i > 0 and behind > steady:
                 # the rest is paid once and serves the rounds it drafts from then on (CATCH_UP_SHARE)
                 horizon = max(1.0, CATCH_UP_SHARE * (self._expected_answer - self._generated))
@@ -416,9 +426,11 @@ class AutoPlanner:
         It looks at one more position only while that chance, times what a token there is usually
         accepted at, is worth the draft decode c as well. So a cheap draft on a flat verify curve
         runs on through a few unsure tokens (a 1B draft for a 70B target), and a dear one stops at
-        the first. Model-free drafters (n-gram copies) have no confidence to weigh: None."""
+        the first. A block drafter has computed every row it reads (c is 0): its floors decide where
+        its block stops and which runners-up become side nodes. Model-free drafters (n-gram copies)
+        have no confidence to weigh: None."""
         which, k, v = plan.drafter, plan.planned_k, plan.verify
-        if which is None or k <= 0 or not v or self.model_free[which]:
+        if which is None or k <= 0 or not v or (self.model_free[which] and not self.per_pass[which]):
             return None
         speed, c = plan.speed, self.costs.draft[which]
         row = (v[k] - v[0]) / k  # the planned draft's average verify row
@@ -483,13 +495,19 @@ class AutoPlanner:
             per = drafting / steps
             self.costs.draft[drafter] += EMA * (per - self.costs.draft[drafter])
         if self.learn_costs and drafting > 0 and self.per_pass[drafter]:
-            # a running mean over its first rounds, then an EMA that follows the machine. The first
-            # pass is not counted: it builds llama.cpp's graph for the block, and priced at that,
-            # the drafter would not be given the rounds that show what a pass really costs
-            seen = self._passes_seen[drafter]
-            if seen > 0:
-                self.pass_cost[drafter] += max(EMA, 1.0 / seen) * (drafting - self.pass_cost[drafter])
-            self._passes_seen[drafter] = seen + 1
+            self._learn_pass(drafter, drafting, rnd.draft_decodes or proposed + 1)
+
+    def _learn_pass(self, drafter: int, seconds: float, rows: int) -> None:
+        """A block pass of `rows` rows took `seconds`: a running mean of its scale over the first
+        rounds, then an EMA that follows the machine. The first pass is not counted: it builds
+        llama.cpp's graph for the block, and priced at that, the drafter would not be given the rounds
+        that show what a pass really costs."""
+        seen = self._passes_seen[drafter]
+        self._passes_seen[drafter] = seen + 1
+        v = self._verify_curve(max(1, rows - 1))[-1]
+        if seen > 0 and v > 0:
+            scale = self.pass_scale[drafter]
+            self.pass_scale[drafter] += max(EMA, 1.0 / seen) * (seconds / v - scale)
 
 
 def _full_tokens(budget: DraftBudget, confidence: Sequence[float]) -> int:
@@ -548,47 +566,10 @@ def make_planner(loaded: LoadedModels, k: int | None, *, seed: int | None = None
         [d.prior for d in drafters],
         model_free=[d.model is None for d in drafters],
         per_pass=[d.per_pass for d in drafters],
+        pass_share=[d.pass_share for d in drafters],
         rng=np.random.default_rng(seed),
         learn_costs=seed is None,
         route_priors=[d.route_priors for d in drafters],
         strict=loaded.strict,
         free_back=getattr(loaded.target, "rollback_reach", None),
     )
-
-
-#: a draft model accepted less often than this is a poor match for its target
-LOW_ACCEPTANCE = 0.4
-
-
-def acceptance_advice(
-    stats: Stats, model_drafters: Sequence[str], target: str, *, min_drafted: int = 24
-) -> str | None:
-    """One line for the user when a draft model's acceptance stays low: a draft of another family
-    or generation agrees with the target too rarely to ever pay, and a same-family one usually
-    does far better (llama.cpp's users see the same: acceptance, not draft speed, decides)."""
-    for d in stats.drafters:
-        if d.name in model_drafters and d.drafted >= min_drafted and d.acceptance_rate < LOW_ACCEPTANCE:
-            return (
-                f"the draft {d.name} agreed with the target on only {d.acceptance_rate:.0%} of its tokens; "
-                f"a same-family draft usually does much better: specchat models --drafts-for {target}"
-            )
-    return None
-
-
-def calibration_report(planner: Planner) -> list[str]:
-    """What `--verbose` says about the cost model: what calibration had to do, and the verify curve
-    it plans with (as multiples of one token), so a user can see why auto drafts as far as it does."""
-    if not isinstance(planner, AutoPlanner):
-        return []
-    costs = planner.costs
-    v1 = costs.v(1)
-    sizes = [n for n in (2, 3, 4, 8, 16, 32, 49) if n <= len(costs.verify)]
-    curve = ", ".join(f"V({n}) {costs.v(n) / v1:.2f}x" for n in sizes)
-    lines = [
-        *costs.notes,
-        f"cost model: V(1) {v1 * 1000:.1f} ms, {curve}; bit-exact up to {costs.exact_n} rows",
-    ]
-    drafts = [f"{c / v1:.2f}x" for c, free in zip(costs.draft, planner.model_free, strict=True) if not free]
-    if drafts:
-        lines.append(f"cost model: a draft-model token costs {', '.join(drafts)} of a target token")
-    return lines

@@ -30,6 +30,9 @@ ASSISTANT_ARCH = "gemma4-assistant"
 ASSISTED_ARCHS = ("gemma4",)
 #: ggml's type of the `d2t` table that maps a head's reduced vocabulary to the target's token ids
 GGML_TYPE_I64 = 27
+#: the tensors a model's rows look up (the embedding table) and end in (the output layer)
+EMBED_TENSOR = "token_embd.weight"
+OUTPUT_TENSOR = "output.weight"
 #: what to do about a head that does not fit its target
 _CONVERT_HINT = "use the head converted for this model (convert_hf_to_gguf.py --target-model-dir)"
 
@@ -291,3 +294,26 @@ def check_dflash_file(drafter: GGUFInfo, target: GGUFInfo, *, dspark: bool = Fal
             f"fit {target.path.name} ({target.n_vocab} tokens, width {target.n_embd})",
             _CONVERT_HINT.replace("head", "drafter"),
         )
+
+
+def _row_bytes(info: GGUFInfo, borrowed_output: int = 0) -> int:
+    """Bytes of weights one token's row runs through: every tensor but the embedding table, which a
+    row only looks up (unless it is also the output layer: tied, no output.weight). A drafter without
+    an output layer of its own runs its target's (`borrowed_output`)."""
+    names = {t.name for t in info.tensors}
+    tied = OUTPUT_TENSOR not in names
+    total = sum(t.nbytes or 0 for t in info.tensors if t.name != EMBED_TENSOR or tied)
+    if tied and EMBED_TENSOR not in names:
+        total += borrowed_output
+    return total
+
+
+def block_pass_share(drafter: GGUFInfo, target: GGUFInfo) -> float:
+    """What a block drafter's pass of n rows costs over the target's verify batch of n rows, before
+    either is timed: their weights per row, as both run the same kinds of matmul (the planner learns
+    the true ratio from the first blocks). A DFlash drafter computes its own output layer for every
+    row, so on a CPU a block of 16 costs far more than one target token even for a drafter of 1-2
+    layers; the share is what lets the planner know that before its first block."""
+    own = _row_bytes(target)
+    output = next((t.nbytes or 0 for t in target.tensors if t.name in (OUTPUT_TENSOR, EMBED_TENSOR)), 0)
+    return _row_bytes(drafter, borrowed_output=output) / own if own > 0 else 0.0

@@ -25,7 +25,13 @@ from ..llama.rollback import TARGET_SNAPSHOTS
 from ..llama.template import render_chat
 from . import hardware
 from .gguf import read_gguf
-from .heads import check_dflash_file, check_eagle3_file, default_head, head_file_spec
+from .heads import (
+    block_pass_share,
+    check_dflash_file,
+    check_eagle3_file,
+    default_head,
+    head_file_spec,
+)
 from .pair import check_pair
 from .registry import ModelRef
 from .workers import lent, place, probe_workers, workers_key
@@ -323,8 +329,12 @@ def load(
             if registry.is_target_head(spec):
                 head = _target_head(target, cfg, spec, paths[head_file] if head_file is not None else None)
                 out.heads.append(head)
-                kind = BlockDrafter if isinstance(head, DFlashBlock) else HeadDrafter
-                out.drafters.append(kind(head, cfg.p_min, min(cfg.tree_width, target.tree_branches)))
+                width = min(cfg.tree_width, target.tree_branches)
+                if isinstance(head, DFlashBlock) and head_file is not None:
+                    share = block_pass_share(infos[head_file], infos[cfg.target])
+                    out.drafters.append(BlockDrafter(head, cfg.p_min, width, pass_share=share))
+                else:
+                    out.drafters.append(HeadDrafter(head, cfg.p_min, width))
                 continue
             note(f"loading draft {paths[spec].name}")
             dm = LlamaModel(
