@@ -9,6 +9,8 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
+import pytest
 from typer.testing import CliRunner
 
 from specchat.cli import app
@@ -81,3 +83,23 @@ def test_no_head_to_run_is_one_clear_line(
     assert res.exit_code != 0 and "is no MTP assistant for" in res.output
     res = runner.invoke(app, ["run", str(target), "--draft", f"{MTP}:depth=3", "-p", "hi"])
     assert res.exit_code != 0 and "takes one option, assistant=PATH" in res.output
+
+
+def test_pending_rows_are_kept_in_position_order_and_dropped_from_either_end(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """PendingRows (the target's rows a head or block drafter has not read): a decode from `base`
+    replaces what was kept from `base` on, reading drops the rows before a position, and past the
+    cap the oldest go first."""
+    from specchat.llama import head as head_mod
+
+    rows = head_mod.PendingRows()
+    rows.put(0, np.zeros((5, 2), dtype=np.float32))
+    rows.put(3, np.ones((4, 2), dtype=np.float32))  # a cut back to 3, then 4 new tokens
+    assert list(rows) == [0, 1, 2, 3, 4, 5, 6] and rows[2][0] == 0 and rows[3][0] == 1
+    rows.drop_before(2)
+    rows.drop_from(5)
+    assert list(rows) == [2, 3, 4]
+    monkeypatch.setattr(head_mod, "MAX_PENDING_STATES", 4)
+    rows.put(5, np.full((3, 2), 2, dtype=np.float32))
+    assert list(rows) == [4, 5, 6, 7]

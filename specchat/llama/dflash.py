@@ -48,7 +48,7 @@ from ..decoding.model import common_prefix_len
 from ..errors import EngineError, IncompatiblePair, ModelFileError
 from .eagle3 import layer_input_calls, tapped_layers
 from .engine import LlamaModel, load_model_file
-from .head import MAX_PENDING_STATES, model_meta, nextn_calls
+from .head import PendingRows, model_meta, nextn_calls
 from .lib import llama_cpp
 from .log import quiet_stderr
 
@@ -119,7 +119,7 @@ class DFlashBlock:
         self._injected: list[int] = []
         #: the target's features (its inputs of the drafter's layers, side by side) by position, kept
         #: until injected
-        self._features: dict[int, np.ndarray] = {}
+        self._features = PendingRows()
         target.on_decoded = self._target_decoded
 
     def _open(self, verbose: bool) -> None:
@@ -154,8 +154,7 @@ class DFlashBlock:
     def _target_decoded(self, base: int, count: int) -> None:
         """The target decoded `count` tokens from position `base`: keep their features (any from
         `base` on that an earlier decode left are stale now)."""
-        for pos in [p for p in self._features if p >= base]:
-            del self._features[pos]
+        self._features.drop_from(base)
         ctx, width = self.target.raw_context, self._width
         rows = np.empty((count, len(self._layers) * width), dtype=np.float32)
         for k, layer in enumerate(self._layers):
@@ -163,10 +162,7 @@ class DFlashBlock:
             if not ptr:
                 return
             rows[:, k * width : (k + 1) * width] = np.ctypeslib.as_array(ptr, shape=(count, width))
-        for i in range(count):
-            self._features[base + i] = rows[i]
-        while len(self._features) > MAX_PENDING_STATES:
-            del self._features[min(self._features)]
+        self._features.put(base, rows)
 
     # --- drafting ---------------------------------------------------------------------------------
     @property
@@ -197,8 +193,7 @@ class DFlashBlock:
         end = min(len(want), common_prefix_len(self.target.tokens, want))
         for lo in range(keep, end, self._n_ubatch):
             self._inject(want, lo, min(end, lo + self._n_ubatch))
-        for pos in [p for p in self._features if p < len(self._injected)]:
-            del self._features[pos]
+        self._features.drop_before(len(self._injected))
 
     def _inject(self, text: Sequence[int], lo: int, hi: int) -> None:
         b = self._batch

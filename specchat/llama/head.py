@@ -42,6 +42,31 @@ from .log import quiet_stderr
 MAX_PENDING_STATES = 8192
 
 
+class PendingRows(dict[int, np.ndarray]):
+    """The target's rows (hidden states, layer inputs) by position, kept until a drafter reads them.
+
+    Positions only ever go up between cut-backs, so insertion order is position order: dropping the
+    stale rows after a cut, the oldest past the cap, or those already read costs only what goes,
+    not a pass over every row kept (a drafter the planner leaves idle keeps up to
+    MAX_PENDING_STATES of them, and the target adds a row every token)."""
+
+    def put(self, base: int, rows: np.ndarray) -> None:
+        """The target decoded len(rows) tokens from `base`: any rows from `base` on are stale."""
+        self.drop_from(base)
+        for i in range(len(rows)):
+            self[base + i] = rows[i]
+        while len(self) > MAX_PENDING_STATES:
+            del self[next(iter(self))]
+
+    def drop_from(self, pos: int) -> None:
+        while self and next(reversed(self)) >= pos:
+            self.popitem()  # the last inserted: the highest position
+
+    def drop_before(self, pos: int) -> None:
+        while self and (first := next(iter(self))) < pos:
+            del self[first]
+
+
 def nextn_calls() -> ModuleType:
     """llama-cpp-python's bindings of llama.cpp's staging NextN calls (mangled C++ symbols)."""
     from llama_cpp import llama_cpp_ext
@@ -106,7 +131,7 @@ class Head:
         self._get_h_ith = ext.llama_get_embeddings_nextn_ith
         self._batch = llama_cpp.llama_batch_ext_init(ctx)
         #: the target's hidden state after each position it decoded and the head has not read yet
-        self._target_h: dict[int, np.ndarray] = {}
+        self._target_h = PendingRows()
         self._zero = np.zeros(self._n_embd, dtype=np.float32)
         target.on_decoded = self._target_decoded
 
@@ -114,15 +139,10 @@ class Head:
     def _target_decoded(self, base: int, count: int) -> None:
         """The target decoded `count` tokens from position `base`: keep their states (every state from
         `base` on that an earlier decode left is stale now)."""
-        for pos in [p for p in self._target_h if p >= base]:
-            del self._target_h[pos]
+        self._target_h.drop_from(base)
         rows = self._target_rows(count)
-        if rows is None:
-            return
-        for i in range(count):
-            self._target_h[base + i] = rows[i]
-        while len(self._target_h) > MAX_PENDING_STATES:
-            del self._target_h[min(self._target_h)]
+        if rows is not None:
+            self._target_h.put(base, rows)
 
     def _target_rows(self, count: int) -> np.ndarray | None:
         """The state rows of the target's last decode (`count` tokens): its last hidden state."""
@@ -307,8 +327,7 @@ class CachedHead(Head):
         for idx, h in self._outputs(rows, out).items():
             self._own_h[by_index[idx]] = h
         # what no later entry needs: the target's states before the last confirmed entry
-        for pos in [p for p in self._target_h if p < self._confirmed - 1]:
-            del self._target_h[pos]
+        self._target_h.drop_before(self._confirmed - 1)
 
     def truncate(self, n: int) -> None:
         if n >= len(self._entries) or self._ctx is None:

@@ -124,8 +124,7 @@ class AssistantHead(Head):
             self._step_h = self._outputs([(0, 0)], row).get(0)
             if i in want:
                 out[want.index(i)] = row[0]
-        for p in [p for p in self._target_h if p < pos - 1]:  # only the latest state is ever read
-            del self._target_h[p]
+        self._target_h.drop_before(pos - 1)  # only the latest state is ever read
         return out
 
     def truncate(self, n: int) -> None:
