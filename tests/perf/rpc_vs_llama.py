@@ -200,8 +200,12 @@ def main() -> None:
                         speeds[name].append(tps)
                         print(f"rep {rep + 1} {pname:22} {name:36} {tps:7.2f} tok/s", flush=True)
     finally:
-        worker.send_signal(signal.SIGINT)
-        worker.wait(20)
+        worker.send_signal(signal.SIGINT)  # as Ctrl-C would stop it
+        try:
+            worker.wait(20)
+        except subprocess.TimeoutExpired:  # started from a background job, it inherits SIGINT ignored
+            worker.kill()
+            worker.wait()
 
     med = {name: statistics.median(v) for name, v in speeds.items()}
     plain_of = {
