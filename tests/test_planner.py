@@ -263,6 +263,22 @@ def test_calibration_is_cached(tmp_path, monkeypatch):
     assert (tmp_path / "calibration.json").exists()
 
 
+def test_catching_up_is_timed_as_it_is_decoded_with_the_last_rows_logits_alone(tmp_path, monkeypatch):
+    """A catch-up (and a prompt's prefill) asks llama.cpp for the last row's logits only; timed with
+    every row's, a draft whose output layer outweighs its body was priced at many times its prefill."""
+    from specchat.decoding.calibration import CATCH_UP_BATCH, measure_catch_up
+
+    monkeypatch.setenv("SPECCHAT_HOME", str(tmp_path))
+    d = FakeModel(n_vocab=32)
+    d.decode([1, 2, 3], [])
+    assert measure_catch_up(d) > 0 and list(d.tokens) == [1, 2, 3]
+    batches = [(n, rows) for n, rows in d.decode_calls if n == CATCH_UP_BATCH]
+    assert batches and all(rows == 1 for _, rows in batches)
+    t = FakeModel(n_vocab=32)
+    costs = calibrate(t, [d, None], k_max=4)
+    assert costs.catch_up[0] > 0 and costs.catch_up[1] == 0.0
+
+
 def test_a_cached_curve_measured_on_a_busy_machine_is_measured_again(tmp_path, monkeypatch):
     """V(2..9) cached at 3-4x their idle cost kept auto from drafting until the file was
     deleted. A quick live V(1)/V(4) that runs well below the cached curve re-measures it."""
