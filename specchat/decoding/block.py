@@ -89,9 +89,7 @@ class BlockDrafter:
     model: Model | None = None
     per_pass = True
 
-    def __init__(
-        self, block: BlockModel, p_min: float, tree_width: int = 0, pass_share: float = 0.0
-    ) -> None:
+    def __init__(self, block: BlockModel, p_min: float, tree_width: int = 0, pass_share: float = 0.0) -> None:
         self._block = block
         self.name = block.name
         self.p_min: float | None = p_min
