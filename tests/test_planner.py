@@ -990,3 +990,23 @@ def test_a_seeded_planner_does_not_learn_a_block_pass():
             Round("block", 2, 2, 2, 3, 1.0, draft_seconds=0.5, draft_decodes=3), planner.plan(8, ["any"])
         )
     assert planner.pass_scale == [0.1]
+
+
+def test_an_answers_first_round_is_not_timed():
+    """The first round after a prompt runs while llama.cpp (and a split target's workers) rebuild the
+    graph and buffers the prompt's batches replaced: 1.9 s against 40 ms on a split. Timed, it set
+    V(1) at many times its cost, a one-token draft looked far cheaper than plain decoding, and the
+    planner drafted one token a round for the rest of the answer, never timing V(1) again."""
+    planner = AutoPlanner(Costs(list(CPU_V), [0.0], exact_n=len(CPU_V)), [(20.0, 5.0)], model_free=[True])
+    for answer in range(2):
+        planner.begin_answer([0], 128)
+        planner.observe(Round(None, 0, 0, 0, 1, 50 * CPU_V[0]), NO_DRAFT)  # the warm-up round
+        assert planner.seen[0] == answer and planner.costs.verify[0] == pytest.approx(CPU_V[0])
+        planner.observe(Round(None, 0, 0, 0, 1, CPU_V[0]), NO_DRAFT)
+        assert planner.seen[0] == answer + 1
+    slow_once = AutoPlanner(Costs(list(CPU_V), [0.0], exact_n=len(CPU_V)), [(20.0, 5.0)], model_free=[True])
+    slow_once.begin_answer([0], 128)
+    for seconds in (50 * CPU_V[0], CPU_V[0], CPU_V[0], CPU_V[0]):
+        slow_once.observe(Round(None, 0, 0, 0, 1, seconds), NO_DRAFT)
+    curve = slow_once._verify_curve(4)
+    assert curve[0] == pytest.approx(CPU_V[0]) and curve[1] > curve[0]

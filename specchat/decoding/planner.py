@@ -233,6 +233,8 @@ class AutoPlanner:
         #: tokens an answer runs (running estimate), and the count of the one under way
         self.answer_tokens = ANSWER_PRIOR
         self._generated, self._answer_open = 0, False
+        #: the answer's first round is still to come: its batch follows the prefill's (see observe)
+        self._first_round = False
         self._expected_answer = ANSWER_PRIOR
         #: per drafter, seconds per token of processing a prompt (calibration's catching-up cost
         #: until a prefill has been timed)
@@ -331,6 +333,7 @@ class AutoPlanner:
         if self._answer_open:
             self.answer_tokens += ANSWER_EMA * (self._generated - self.answer_tokens)
         self._answer_open, self._generated = True, 0
+        self._first_round = True
         full = self._verify_curve(self.k_max)
         expected = min(float(max_new), self.answer_tokens)
         self._expected_answer = expected
@@ -460,7 +463,12 @@ class AutoPlanner:
         # them; booked to this batch size they would make it look dearer than it is)
         n = proposed + 1 + rnd.replayed
         verify_s = rnd.seconds - rnd.draft_seconds
-        if self.learn_costs and n <= len(self.costs.verify) and verify_s > 0:
+        # An answer's first round is not timed: after the prompt's batches llama.cpp builds the
+        # round's graph and buffers again (and a split target's workers theirs: 1.9 s against 40 ms).
+        # Taken as the first of a size, one such round set V(1) at 8x, a draft of 1 then looked
+        # far cheaper than plain decoding, and no plain round came to correct it
+        warm_up, self._first_round = self._first_round, False
+        if self.learn_costs and n <= len(self.costs.verify) and verify_s > 0 and not warm_up:
             # a running mean over the first rounds of a size, then an EMA that follows the machine
             weight = max(EMA, 1.0 / (self.seen[n - 1] + 1))
             if self.seen[n - 1] == 0:
