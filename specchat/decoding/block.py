@@ -84,8 +84,8 @@ class BlockDrafter:
     #: trained on the target's own features, like a head
     prior = (4.0, 2.0)
     route_priors: Mapping[str, tuple[float, float]] = MappingProxyType({})
-    #: no model to price per token (model None): a block costs one pass whatever its length, and the
-    #: planner prices that pass on every round it drafts (per_pass), learned from the rounds
+    #: no model to price per token (model None): a block costs one pass, which the planner prices on
+    #: every round it drafts (per_pass) by the rows it computes (pass_share), learned from the rounds
     model: Model | None = None
     per_pass = True
 

@@ -125,8 +125,8 @@ class Drafter(Protocol):
     #: and learned, it must catch up on tokens committed while it was idle (lag), and its cache is
     #: what the server's prompt cache saves; a model-free drafter's proposals are free to the planner
     model: Model | None
-    #: its draft costs one pass per round whatever its length (a block drafter): the planner prices
-    #: that pass on every round it drafts, learned from its rounds, rather than a cost per token
+    #: its draft costs one pass per round (a block drafter): the planner prices that pass on every
+    #: round it drafts, by the rows it computes and learned from its rounds, not per drafted token
     per_pass: bool
     #: a per_pass drafter's pass of n rows over the target's batch of n rows, before any is measured
     #: (its weights per row over the target's); 0 for the others
