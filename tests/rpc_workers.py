@@ -40,13 +40,17 @@ def child_env() -> dict[str, str]:
 
 
 @contextmanager
-def started_worker(*extra: str, port: int | None = None) -> Iterator[tuple[Endpoint, subprocess.Popen[str]]]:
+def started_worker(
+    *extra: str, port: int | None = None, sigint_ignored: bool = False
+) -> Iterator[tuple[Endpoint, subprocess.Popen[str]]]:
     """`specchat worker` (with `extra` options) on `port` (default: a free one), answering the probe;
-    stopped with Ctrl-C unless a test ended it itself."""
+    stopped with Ctrl-C unless a test ended it itself. `sigint_ignored`: started as a shell's
+    background job starts it, with SIGINT ignored."""
     port = port or free_port()
     argv = [sys.executable, "-m", "specchat", "worker", "--port", str(port), "--threads", "1", *extra]
+    ignore = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint_ignored else None
     proc = subprocess.Popen(
-        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env()
+        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env(), preexec_fn=ignore
     )
     endpoint = Endpoint("127.0.0.1", port)
     deadline = time.monotonic() + 60

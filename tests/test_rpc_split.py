@@ -78,6 +78,16 @@ def test_the_split_is_said_in_one_line_and_the_worker_says_what_it_serves(tiny_t
     assert "worker stopped" in out and "Traceback" not in out
 
 
+@needs_rpc
+def test_ctrl_c_stops_a_worker_started_with_sigint_ignored():
+    """A shell's background job (`specchat worker &` in a script) starts with SIGINT ignored, which
+    Python keeps: the worker takes SIGINT back, so `kill -INT` stops it as it stops `serve`."""
+    with started_worker(sigint_ignored=True) as (_, proc):
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=20)
+        assert proc.returncode == 0 and "worker stopped" in out and "Traceback" not in out
+
+
 def test_an_unreachable_worker_is_one_line_before_anything_loads(tiny_target: Path):
     port = free_port()  # nothing listens there
     argv = ["run", str(tiny_target), "--no-draft", "-p", "hi", "--rpc", f"127.0.0.1:{port}"]

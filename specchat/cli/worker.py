@@ -10,6 +10,7 @@ llama.cpp's warning, since whoever reaches the port can use the machine (no auth
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from typing import Annotated
 
@@ -96,6 +97,10 @@ def worker(
         soft_wrap=True,
     )
     sys.stdout.flush()
+    # Ctrl-C (SIGINT) stops the worker however it was started, as it stops `specchat serve`: a shell's
+    # background job (`specchat worker &` in a script) inherits SIGINT ignored, and Python then leaves
+    # it ignored, so `kill -INT` did nothing
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     thread = rpc_worker.start(endpoint, devices, n_threads)
     try:
         while thread.is_alive():
