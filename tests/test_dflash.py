@@ -382,6 +382,17 @@ def test_a_block_pass_is_priced_by_the_weights_its_rows_run_through(dflash_pair:
     assert block_pass_share(borrowing, target) == pytest.approx(
         (row_bytes(borrowing) + output) / row_bytes(target)
     )
+    # the embedding table listed first and of another size than the output layer: the output is borrowed
+    small_embd = replace(
+        target,
+        tensors=tuple(replace(t, ggml_type=1) if t.name == EMBED_TENSOR else t for t in target.tensors),
+    )  # F16 instead of F32: half the bytes
+    assert [t.name for t in small_embd.tensors].index(EMBED_TENSOR) < [
+        t.name for t in small_embd.tensors
+    ].index(OUTPUT_TENSOR)
+    assert block_pass_share(borrowing, small_embd) == pytest.approx(
+        (row_bytes(borrowing) + output) / row_bytes(small_embd)
+    )
     tied = replace(target, tensors=tuple(t for t in target.tensors if t.name != OUTPUT_TENSOR))
     assert block_pass_share(drafter, tied) == pytest.approx(row_bytes(drafter) / row_bytes(tied, skip=()))
 

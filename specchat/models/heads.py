@@ -224,7 +224,7 @@ def _check_tables(head: GGUFInfo, target: GGUFInfo) -> None:
     projection: then its width must be the target's), and its `d2t` map into the target's ids."""
     name = head.path.name
     tensors = {t.name: t for t in head.tensors}
-    borrows = [t for t in ("token_embd.weight", "output.weight") if t not in tensors]
+    borrows = [t for t in (EMBED_TENSOR, OUTPUT_TENSOR) if t not in tensors]
     if head.n_vocab != target.n_vocab or (borrows and head.n_embd != target.n_embd):
         raise IncompatiblePair(
             f"the EAGLE-3 head {name} ({head.n_vocab} tokens, width {head.n_embd}"
@@ -235,7 +235,7 @@ def _check_tables(head: GGUFInfo, target: GGUFInfo) -> None:
     d2t = tensors.get("d2t")
     if d2t is None:
         return
-    output = tensors.get("output.weight")
+    output = tensors.get(OUTPUT_TENSOR)
     rows = output.shape[1] if output is not None and len(output.shape) == 2 else target.n_vocab
     bad = d2t.ggml_type != GGML_TYPE_I64 or d2t.shape != (rows,)
     if not bad:
@@ -315,5 +315,9 @@ def block_pass_share(drafter: GGUFInfo, target: GGUFInfo) -> float:
     row, so on a CPU a block of 16 costs far more than one target token even for a drafter of 1-2
     layers; the share is what lets the planner know that before its first block."""
     own = _row_bytes(target)
-    output = next((t.nbytes or 0 for t in target.tensors if t.name in (OUTPUT_TENSOR, EMBED_TENSOR)), 0)
+    tensors = {t.name: t for t in target.tensors}
+    # the target's output layer, or the embedding a tied target projects with (not whichever of the
+    # two comes first in the file: the embedding is often of another, smaller type)
+    head = tensors.get(OUTPUT_TENSOR) or tensors.get(EMBED_TENSOR)
+    output = (head.nbytes or 0) if head is not None else 0
     return _row_bytes(drafter, borrowed_output=output) / own if own > 0 else 0.0

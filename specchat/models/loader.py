@@ -330,8 +330,8 @@ def load(
                 head = _target_head(target, cfg, spec, paths[head_file] if head_file is not None else None)
                 out.heads.append(head)
                 width = min(cfg.tree_width, target.tree_branches)
-                if isinstance(head, DFlashBlock) and head_file is not None:
-                    share = block_pass_share(infos[head_file], infos[cfg.target])
+                if isinstance(head, DFlashBlock):
+                    share = block_pass_share(infos[head_file], infos[cfg.target]) if head_file else 0.0
                     out.drafters.append(BlockDrafter(head, cfg.p_min, width, pass_share=share))
                 else:
                     out.drafters.append(HeadDrafter(head, cfg.p_min, width))
