@@ -2,7 +2,8 @@
 default and forced depths against llama-speculative-simple's draft settings, interleaved per prompt.
 
 Not a test (pytest does not collect it). Run from the repository root:
-  python tests/perf/f16_standin_check.py [-n 96] [--prompts 2]
+  python tests/perf/f16_standin_check.py [-n 96] [--prompts 2] [--target GGUF]
+`--target` measures another target with the same draft and settings (the default pair's Q4_K_M).
 """
 
 from __future__ import annotations
@@ -27,8 +28,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-n", type=int, default=96)
     ap.add_argument("--prompts", type=int, default=2)
+    ap.add_argument("--target", default=str(MODELS / "qwen2.5-coder-1.5b-instruct-F16.gguf"))
     args = ap.parse_args()
-    target = str(MODELS / "qwen2.5-coder-1.5b-instruct-F16.gguf")
+    target = args.target
     draft = str(MODELS / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf")
     lines = (HERE / "bench_prompts.jsonl").read_text().splitlines()[: args.prompts]
     docs = [json.loads(line) for line in lines]
