@@ -973,13 +973,26 @@ def test_a_block_drafters_pass_is_learned_from_its_rounds():
 
 def test_a_block_drafter_is_budgeted_like_a_draft_model():
     """Its rows are computed when it reads them (no draft cost), so it gets the floors a draft model
-    gets: they stop its block and price its side nodes. An n-gram lookup still gets none."""
+    gets: they stop its block and price its side nodes."""
     planner = _block_planner(0.1)
     plan = planner.plan(8, ["any"])
     budget = planner.draft_budget(plan)
     assert budget is not None and budget.floor_at(0) > 0
+
+
+def test_a_lookup_is_budgeted_for_its_branches_and_still_learns_its_routes():
+    """An n-gram lookup gets the rows' prices and the route's rates (what its tree branches are
+    priced with), no confidence bins and no decode to price; its rounds still teach the route's
+    acceptance from every token drafted, as without a budget."""
     lookup = AutoPlanner(Costs(list(STEEP_V), [0.0], exact_n=9), [(20.0, 5.0)], model_free=[True])
-    assert lookup.draft_budget(lookup.plan(8, ["any"])) is None
+    plan = lookup.plan(8, ["any"])
+    budget = lookup.draft_budget(plan)
+    assert budget is not None and budget.chance == () and budget.sure == ()
+    assert budget.floor_at(1) > 0 and budget.ahead == budget.floors and budget.expect == plan.rates
+    before = lookup.acceptance(0, "any").rates(1, None)[0]
+    for _ in range(6):
+        lookup.observe(Round("any", plan.k, plan.k, 0, 1, STEEP_V[plan.k], route="any"), plan, budget)
+    assert lookup.acceptance(0, "any").rates(1, None)[0] < before - 0.1
 
 
 def test_a_seeded_planner_does_not_learn_a_block_pass():

@@ -91,9 +91,10 @@ TreeWidthOpt = Annotated[
     int | None,
     typer.Option(
         "--tree-width",
-        help="Token trees: a draft model's second candidates at its least sure positions, verified "
-        "in the same target batch as its draft (at most this many per round; 0 = chains only). "
-        "Default: 4 with -k auto, where the cost model adds one only where its verify row pays; "
+        help="Token trees: a draft model's second candidates at its least sure positions, and "
+        "prompt lookup's continuations from other places the context repeats, verified in the same "
+        "target batch as the draft (at most this many side branches per round; 0 = chains only). "
+        "Default: 4 with -k auto, where the cost model adds a node only where its verify row pays; "
         "0 with -k N.",
     ),
 ]

@@ -17,6 +17,7 @@ import numpy as np
 
 from .copying import CopyFollower
 from .events import Source
+from .lookup_tree import BRANCH_TOKENS, add_branches, branches
 from .model import Model, common_prefix_len, sync_cache
 from .processors import AnswerProcessor
 from .sampling import SamplingParams, probs, sample, top_prob
@@ -40,6 +41,9 @@ class Proposal:
     #: a token tree's side nodes (decoding/tree.py), as (position, token): an alternative to
     #: `tokens[position]`, after the same tokens[:position]. Empty: a chain
     side: list[tuple[int, int]] = field(default_factory=list)
+    #: per side node, the earlier side node it continues (its index in `side`; its position is then
+    #: the parent's plus one), or -1 for a sibling of a chain token. Empty: every one a sibling
+    side_parent: list[int] = field(default_factory=list)
     #: when sampling, the distribution each side token was drawn from (its position's q)
     side_q: list[np.ndarray] = field(default_factory=list)
 
@@ -440,7 +444,8 @@ class NgramDrafter:
     Once a lookup has found the place being copied, the copy is followed from there (copying.py)
     for as long as the committed tokens keep to it, instead of being looked up again each round,
     and edits the answer makes on the way (a rename) are learned and drafted where the source
-    repeats them (`follow=False`: a fresh lookup every round, as before).
+    repeats them (`follow=False`: a fresh lookup every round, as before). Where other occurrences
+    part from the copy, their continuations can go in as a token tree's branches (lookup_tree.py).
     """
 
     source = Source.NGRAM
@@ -460,6 +465,7 @@ class NgramDrafter:
         follow: bool = True,
         learn_edits: bool = True,
         resync: bool = True,
+        tree_width: int = 0,
     ) -> None:
         if not 1 <= min_n <= max_n:
             raise ValueError(f"min_n and max_n must satisfy 1 <= min_n <= max_n (got {min_n} and {max_n})")
@@ -469,6 +475,8 @@ class NgramDrafter:
         self.follow = follow
         self.learn_edits = learn_edits
         self.resync = resync
+        #: side branches a round's tree may have at most (decoding/lookup_tree.py; 0: chains only)
+        self.tree_width = tree_width
         self._seen: list[int] = []
         self._index: dict[int, dict[tuple[int, ...], list[int]]] = {n: {} for n in range(min_n, max_n + 1)}
         self._copy = CopyFollower(learn=learn_edits, resync=resync)
@@ -507,26 +515,31 @@ class NgramDrafter:
             self._copy.start(context, end, length)
         return end, length
 
-    def _lookup(self, context: Sequence[int]) -> tuple[int | None, int]:
-        """The earlier occurrence of the context's longest suffix n-gram that agrees furthest back."""
+    def _ends(self, context: Sequence[int]) -> tuple[int, list[int]]:
+        """The context's longest suffix n-gram seen before: (n, where its recent occurrences end)."""
         n_ctx = len(context)
         for n in range(min(self.max_n, n_ctx - 1), self.min_n - 1, -1):
             ends = self._index[n].get(tuple(context[n_ctx - n :]))
-            if not ends:
-                continue
-            best, best_len = None, -1
-            for end in reversed(ends):  # most recent first: it wins ties
-                length = n
-                while (
-                    length < MATCH_HORIZON
-                    and end - length - 1 >= 0
-                    and context[end - length - 1] == context[n_ctx - length - 1]
-                ):
-                    length += 1
-                if length > best_len:
-                    best, best_len = end, length
-            return best, best_len
-        return None, 0
+            if ends:
+                return n, ends
+        return 0, []
+
+    def _lookup(self, context: Sequence[int]) -> tuple[int | None, int]:
+        """The earlier occurrence of the context's longest suffix n-gram that agrees furthest back."""
+        n_ctx = len(context)
+        n, ends = self._ends(context)
+        best, best_len = None, -1
+        for end in reversed(ends):  # most recent first: it wins ties
+            length = n
+            while (
+                length < MATCH_HORIZON
+                and end - length - 1 >= 0
+                and context[end - length - 1] == context[n_ctx - length - 1]
+            ):
+                length += 1
+            if length > best_len:
+                best, best_len = end, length
+        return (best, best_len) if ends else (None, 0)
 
     def route(self, context: Sequence[int]) -> str | None:
         end, length = self.match(context)
@@ -565,6 +578,11 @@ class NgramDrafter:
                 src = end + len(span)
                 span.append(span[src - n_ctx] if src >= n_ctx else int(context[src]))
             out.tokens = span
+        if out.tokens and self.tree_width > 0 and budget is not None:
+            # other occurrences that part from the copy: side branches where their rows pay
+            _, ends = self._ends(context)
+            offered = branches(context, ends[::-1], out.tokens, budget, BRANCH_TOKENS)
+            add_branches(out, offered, self.tree_width, budget)
         out.seconds = time.perf_counter() - start
         return out
 

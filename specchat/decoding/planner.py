@@ -430,12 +430,13 @@ class AutoPlanner:
         accepted at, is worth the draft decode c as well. So a cheap draft on a flat verify curve
         runs on through a few unsure tokens (a 1B draft for a 70B target), and a dear one stops at
         the first. A block drafter has computed every row it reads (c is 0): its floors decide where
-        its block stops and which runners-up become side nodes. Model-free drafters (n-gram copies)
-        have no confidence to weigh: None."""
+        its block stops and which runners-up become side nodes. A lookup (an n-gram copy) has no
+        confidence to weigh and no decode to price: its budget holds the rows' prices and the route's
+        rates alone, for the branches of its token trees (lookup_tree.py)."""
         which, k, v = plan.drafter, plan.planned_k, plan.verify
-        if which is None or k <= 0 or not v or (self.model_free[which] and not self.per_pass[which]):
+        if which is None or k <= 0 or not v:
             return None
-        speed, c = plan.speed, self.costs.draft[which]
+        speed, c = plan.speed, (0.0 if self._lookup(which) else self.costs.draft[which])
         row = (v[k] - v[0]) / k  # the planned draft's average verify row
         # the first token's distribution comes with the catch-up decode the round pays anyway, so
         # proposing it costs only its own verify row (a draft model declining it had paid that
@@ -446,10 +447,11 @@ class AutoPlanner:
         for i in range(1, len(v) - 1):
             j = min(len(v) - 1, i + FLOOR_WINDOW)
             rows.append(max(row, (v[j] - v[i]) / (j - i)))
+        weighed = not self._lookup(which)
         return DraftBudget(
             floor=min(FLOOR_MAX, speed * row),
-            chance=self.confidence[which].chances(self.rng if self.explore else None),
-            sure=self.confidence[which].chances(None),
+            chance=self.confidence[which].chances(self.rng if self.explore else None) if weighed else (),
+            sure=self.confidence[which].chances(None) if weighed else (),
             floors=tuple(min(FLOOR_MAX, speed * r) for r in rows),
             ahead=tuple(min(FLOOR_MAX, speed * (c + r)) for r in rows),
             expect=plan.rates,
@@ -484,7 +486,10 @@ class AutoPlanner:
         drafter = plan.drafter
         if drafter is None:
             return
-        full = rnd.drafted if budget is None else _full_tokens(budget, rnd.confidence[: rnd.drafted])
+        if budget is None or self._lookup(drafter):
+            full = rnd.drafted
+        else:
+            full = _full_tokens(budget, rnd.confidence[: rnd.drafted])
         if full > 0:
             # tokens proposed below what a draft decode and their row cost together (a first token,
             # or one the drafter looked at and found less sure than usual) say how such tokens fare
@@ -504,6 +509,10 @@ class AutoPlanner:
             self.costs.draft[drafter] += EMA * (per - self.costs.draft[drafter])
         if self.learn_costs and drafting > 0 and self.per_pass[drafter]:
             self._learn_pass(drafter, drafting, rnd.draft_decodes or proposed + 1)
+
+    def _lookup(self, drafter: int) -> bool:
+        """Whether the drafter copies without a model (no confidence, nothing to decode)."""
+        return self.model_free[drafter] and not self.per_pass[drafter]
 
     def _learn_pass(self, drafter: int, seconds: float, rows: int) -> None:
         """A block pass of `rows` rows took `seconds`: a running mean of its scale over the first

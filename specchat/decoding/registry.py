@@ -37,8 +37,9 @@ NGRAM = "ngram"
 FORM = "NAME:key=value[,key=value]"
 #: what a text option value may say for true and for false
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
-#: a constructor parameter the spec sets itself (the drafter's name in the stats), never an option
-_RESERVED = ("name",)
+#: constructor parameters set for the drafter, never options: its name in the stats (the spec) and
+#: the side branches of its token trees (`--tree-width`, one setting for every drafter)
+_RESERVED = ("name", "tree_width")
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,9 +65,10 @@ class ModelFree:
             and isinstance(p.default, bool | int | float | str)
         }
 
-    def make(self, **options: object) -> Drafter:
+    def make(self, *, tree_width: int = 0, **options: object) -> Drafter:
         """A new drafter built with `options` (text values, as `--draft` gives them, are read as the
-        option's type). BadInput naming the drafter for an unknown option or a refused value."""
+        option's type). BadInput naming the drafter for an unknown option or a refused value.
+        `tree_width`: the side branches of its token trees, where it offers trees at all."""
         takes = self.options()
         given = {}
         for key, value in options.items():
@@ -76,6 +78,8 @@ class ModelFree:
                     f"it takes {', '.join(f'{k}={v}' for k, v in takes.items()) or 'none'} (--draft {FORM})",
                 )
             given[key] = _converted(self.name, key, value, takes[key])
+        if tree_width and "tree_width" in inspect.signature(self._class()).parameters:
+            given["tree_width"] = tree_width
         try:
             drafter: Drafter = self._class()(**given)
         except (TypeError, ValueError) as exc:
@@ -169,11 +173,12 @@ def is_model_free(spec: str) -> bool:
     return spec.partition(":")[0] in MODEL_FREE
 
 
-def make(spec: str) -> Drafter:
+def make(spec: str, *, tree_width: int = 0) -> Drafter:
     """A new drafter for a model-free spec, `NAME` or `NAME:key=value,...` (KeyError for a name not
-    in the table: check is_model_free). One given options is named by its whole spec."""
+    in the table: check is_model_free). One given options is named by its whole spec. `tree_width`:
+    side branches its token trees may have (`--tree-width`), where it offers trees."""
     name, options = split(spec)
-    drafter = MODEL_FREE[name].make(**options)
+    drafter = MODEL_FREE[name].make(tree_width=tree_width, **options)
     if options:
         drafter.name = spec
     return drafter

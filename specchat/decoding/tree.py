@@ -8,7 +8,8 @@ Shape. A tree batch is `[last, n1, n2, ...]`: node 0 is the round's first input 
 token), every other node has a parent earlier in the list (`parents[0] == -1`). The main chain comes
 first (`parents[i] == i - 1` for i < chain length): it is the proposal's own `tokens`, so everything
 that reads a proposal as a chain (the planner's statistics, the round record) still reads it. The
-side nodes follow in an order where a parent precedes its children.
+side nodes follow in an order where a parent precedes its children: a draft model's runner-up is one
+node beside a chain token; prompt lookup's other occurrences give whole branches (lookup_tree.py).
 
 Branches. Each leaf is one branch; llama.cpp gives every node the sequence ids of the branches through
 it, so its attention sees the committed context and its own ancestors only (engine.decode_tree). The
@@ -130,15 +131,22 @@ class TreeModel(Protocol):
 
 
 def tree_batch(
-    root: int, chain: Sequence[int], side: Sequence[tuple[int, int]]
+    root: int,
+    chain: Sequence[int],
+    side: Sequence[tuple[int, int]],
+    side_parent: Sequence[int] = (),
 ) -> tuple[list[int], TreeShape]:
-    """The batch of a round whose draft is `chain` with `side` alternatives (Proposal.side:
-    (position, token), a sibling of chain[position]) after `root`, the last committed token."""
+    """The batch of a round whose draft is `chain` with `side` nodes after `root`, the last committed
+    token. Proposal.side: (position, token), a sibling of chain[position]; or, where `side_parent`
+    names an earlier side node, that node's child (a branch of several tokens)."""
     tokens = [root, *chain]
     parents = list(range(-1, len(chain)))
-    for position, token in side:
+    first_side = len(tokens)
+    for i, (position, token) in enumerate(side):
+        parent = side_parent[i] if side_parent else -1
         tokens.append(token)
-        parents.append(position)  # node `position` holds chain[position - 1]: the root at 0
+        # node `position` holds chain[position - 1] (the root at 0); side node j is node first_side + j
+        parents.append(position if parent < 0 else first_side + parent)
     return tokens, TreeShape(tuple(parents))
 
 
@@ -263,7 +271,7 @@ def verify_tree(
 ) -> TreeRound:
     """One tree round on the target: the batch of `root` (the last committed token), the proposal's
     chain and side nodes, walked (judge_tree); the target then keeps the accepted path alone."""
-    tokens, shape = tree_batch(root, proposal.tokens, proposal.side)
+    tokens, shape = tree_batch(root, proposal.tokens, proposal.side, proposal.side_parent)
     rows = target.decode_tree(tokens, shape, range(len(tokens)))
     q = None if proposal.q is None else [None, *proposal.q, *proposal.side_q]
     walked = judge_tree(rows, tokens, shape, params, rng, len(rows[0]), q, margin, gaps)
@@ -277,9 +285,27 @@ def verify_tree(
 
 
 def fit_side(proposal: Proposal, room: int) -> None:
-    """Keep the side nodes whose chain position survived the round's cut, at most `room` of them
-    (the target's side sequences; none: the round is a chain)."""
-    kept = [i for i, (pos, _) in enumerate(proposal.side) if pos < len(proposal.tokens)][:room]
-    proposal.side = [proposal.side[i] for i in kept]
+    """Keep the side nodes whose chain position survived the round's cut and whose parent was kept,
+    in at most `room` side branches (the target's side sequences: a branch is a leaf, so a side
+    node's first child takes none; none: the round is a chain)."""
+    parents = proposal.side_parent or [-1] * len(proposal.side)
+    kept: dict[int, int] = {}  # a kept node's index in `side` -> its index after the cut
+    with_child: set[int] = set()
+    for i, (position, _) in enumerate(proposal.side):
+        parent = parents[i]
+        # a sibling of a chain token that is still there, or the child of a node kept
+        if not (position < len(proposal.tokens) if parent < 0 else parent in kept):
+            continue
+        new_leaf = parent < 0 or kept[parent] in with_child
+        branches = sum(1 for j in kept.values() if j not in with_child)
+        if new_leaf and branches >= room:
+            continue
+        if parent >= 0:
+            with_child.add(kept[parent])
+        kept[i] = len(kept)
+    order = sorted(kept)
+    proposal.side = [proposal.side[i] for i in order]
+    if proposal.side_parent:
+        proposal.side_parent = [kept[parents[i]] if parents[i] >= 0 else -1 for i in order]
     if proposal.side_q:
-        proposal.side_q = [proposal.side_q[i] for i in kept]
+        proposal.side_q = [proposal.side_q[i] for i in order]

@@ -234,9 +234,11 @@ def load(
     refuse_known_bad(ident)
     workers = probe_workers(cfg.rpc, same_build=not cfg.force)  # an unusable worker: one line, first
     stock = build_warning(ident)  # a stock llama-cpp-python: said once, with how to get the patched one
-    free = {
-        spec: registry.make(spec) for spec in cfg.drafts if registry.is_model_free(spec)
-    }  # options: checked first
+    free = {  # options: checked first
+        spec: registry.make(spec, tree_width=min(cfg.tree_width, TREE_BRANCHES))
+        for spec in cfg.drafts
+        if registry.is_model_free(spec)
+    }
     model_specs = [d for d in cfg.drafts if not registry.is_model_free(d) and not registry.is_target_head(d)]
     head_specs = [d for d in cfg.drafts if registry.is_target_head(d)]
     if len(head_specs) > 1:

@@ -86,7 +86,8 @@ class Replayer:
         self, curve: Curve, seed: int, tune: Callable[[object], None] | None = None, *, tree_width: int = 0
     ) -> float:
         """specchat's default: AutoPlanner over the draft model and n-gram lookup (as make_planner);
-        `tree_width` > 0: the draft model's rounds may be token trees of that many side nodes."""
+        `tree_width` > 0: rounds may be token trees of that many side branches (the draft model's
+        runners-up, n-gram lookup's other occurrences), as a live run's under -k auto."""
         from specchat.decoding.planner import AutoPlanner
 
         # the curve as a live planner learns it (billed): told the bare curve it thinks rounds
@@ -98,7 +99,8 @@ class Replayer:
                               rng=np.random.default_rng(seed), learn_costs=False)  # fmt: skip
         if tune is not None:
             tune(planner)
-        return self.run(curve, planner, [self.draft(curve, 0.0, tree_width), NgramDrafter()])
+        drafters = [self.draft(curve, 0.0, tree_width), NgramDrafter(tree_width=tree_width)]
+        return self.run(curve, planner, drafters)
 
     def bound(self, curve: Curve, prompt: list[int], output: list[int]) -> float:
         best = hindsight_seconds(prompt, output, self.gaps, curve.verify, self.margin, self.exact_n,

@@ -9,7 +9,7 @@ README's "replayed offline" figures come from this script.
 
 Usage:
   python tests/perf/replay_planner.py TARGET.gguf RESULTS.json... [--prompts FILE...] [--seeds 6]
-                                     [--drafter SPEC] [--curves own|all] [--oracle]
+                                     [--drafter SPEC] [--tree-width N] [--curves own|all] [--oracle]
                                      [--draft DRAFT.gguf --hardware]
                                      [--cache FILE [--gaps]] [--curve FILE|DIR... [--curve-only]]
   python tests/perf/replay_planner.py --cache FILE [--hardware] [--curve FILE|DIR...] ...
@@ -61,11 +61,11 @@ sys.path.insert(0, str(HERE.parents[1]))
 
 from specchat import store  # noqa: E402
 from specchat.decoding import registry  # noqa: E402
-from specchat.decoding.calibration import K_MAX, Costs, calibrate, exact_rows, tie_margin  # noqa: E402
+from specchat.decoding.calibration import K_MAX, Costs, calibrate, exact_rows, tie_margin, trees_exact  # noqa: E402
 from specchat.decoding.events import Done, Round  # noqa: E402
 from specchat.decoding.loop import Settings, generate  # noqa: E402
 from specchat.decoding.planner import AutoPlanner  # noqa: E402
-from specchat.decoding.settings import TREE_BRANCHES  # noqa: E402
+from specchat.decoding.settings import AUTO_TREE_WIDTH, TREE_BRANCHES  # noqa: E402
 
 sys.path.insert(0, str(HERE))
 from replay_draft import ROUND_OVERHEAD, DraftTrace, billed, hindsight_seconds, teacher_force_draft  # noqa: E402
@@ -214,6 +214,8 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=6)
     ap.add_argument("--drafter", default=registry.NGRAM,
                     help="the model-free drafter replayed (a decoding/registry.py spec)")  # fmt: skip
+    ap.add_argument("--tree-width", type=int, default=AUTO_TREE_WIDTH,
+                    help="side branches of its token trees, as `run --tree-width` (0: chains)")  # fmt: skip
     ap.add_argument("--curves", choices=("own", "all"), default="own")
     ap.add_argument("--oracle", action="store_true", help="also print the hindsight bound per prompt")
     ap.add_argument("--draft", default=None, help="the draft model GGUF: teacher-forced once (--hardware)")
@@ -277,7 +279,15 @@ def main() -> None:
                    and len(v) == len(own) and v != own]  # fmt: skip
     curves += [c.verify for c in extra]
     report(
-        cases, prompts, curves, margin, exact_n, seeds=args.seeds, oracle=args.oracle, drafter=args.drafter
+        cases,
+        prompts,
+        curves,
+        margin,
+        exact_n,
+        seeds=args.seeds,
+        oracle=args.oracle,
+        drafter=args.drafter,
+        tree_width=args.tree_width,
     )
 
 
@@ -373,6 +383,7 @@ def report(
     seeds: int,
     oracle: bool,
     drafter: str = registry.NGRAM,
+    tree_width: int = 0,
 ) -> None:
     """Replay every case under every curve with the model-free `drafter` (a registry spec) and print
     the ratios (and the hindsight bound)."""
@@ -382,13 +393,14 @@ def report(
         ids = {t: i for i, t in enumerate(sorted({*prompt, *output, 0}))}
         p, o = [ids[t] for t in prompt], [ids[t] for t in output]
         bill = billed(curve)  # what each round costs here, and what a live planner measures it at
-        d = registry.make(drafter)  # fresh per answer, as the bench resets drafters
+        d = registry.make(drafter, tree_width=tree_width)  # fresh per answer, as the bench resets drafters
         planner = AutoPlanner(
             Costs(bill, [0.0], exact_n=exact_n), [d.prior], model_free=[d.model is None],
             route_priors=[d.route_priors], rng=np.random.default_rng(seed), learn_costs=False,
         )  # fmt: skip
         spent, made = 0.0, 0
-        settings = Settings(max_tokens=len(o), tie_margin=margin, exact_rows=exact_n)
+        settings = Settings(max_tokens=len(o), tie_margin=margin, exact_rows=exact_n,
+                            exact_trees=trees_exact(exact_n))  # fmt: skip
         for ev in generate(Replay(p, o, gaps, len(ids)), p, drafters=[d], planner=planner,
                            settings=settings):  # fmt: skip
             if isinstance(ev, Round):
