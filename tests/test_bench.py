@@ -25,8 +25,9 @@ from specchat.bench.predict import conditional_rates, predict_flat
 from specchat.bench.run import run_bench
 from specchat.bench.suite import SUITE, Config, PreparedPrompt, default_configs, load_prompts, parse_ks
 from specchat.cli import app
-from specchat.decoding.drafters import ModelDrafter, NgramDrafter
+from specchat.decoding.drafters import ModelDrafter
 from specchat.decoding.loop import FixedK
+from specchat.decoding.ngram import NgramDrafter
 from specchat.decoding.planner import K_MAX
 from specchat.errors import BadInput
 

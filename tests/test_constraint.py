@@ -14,9 +14,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specchat.decoding.constraint import CANDIDATES, Walk
-from specchat.decoding.drafters import ModelDrafter, NgramDrafter, Proposal
+from specchat.decoding.drafters import ModelDrafter, Proposal
 from specchat.decoding.events import Done, Notice, Source, Token
 from specchat.decoding.loop import FixedK, Settings, generate
+from specchat.decoding.ngram import NgramDrafter
 from specchat.decoding.sampling import SamplingParams, probs
 
 from .fakes import FakeModel, NoisyBatchModel, TokenAutomaton, constrained_greedy

@@ -7,9 +7,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specchat.decoding.copying import GUESS_AFTER, RELEARN_AFTER, RESYNC_RUN, CopyFollower
-from specchat.decoding.drafters import NgramDrafter
 from specchat.decoding.events import Token
 from specchat.decoding.loop import FixedK, Settings, generate
+from specchat.decoding.ngram import NgramDrafter
 from specchat.decoding.sampling import SamplingParams
 
 from .fakes import FakeModel, plain_greedy

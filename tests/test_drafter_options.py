@@ -12,9 +12,10 @@ from typer.testing import CliRunner
 
 from specchat.cli import app
 from specchat.decoding import registry
-from specchat.decoding.drafters import ModelDrafter, NgramDrafter
+from specchat.decoding.drafters import ModelDrafter
 from specchat.decoding.events import Token
 from specchat.decoding.loop import NO_DRAFT, FixedK, Plan, Settings, generate
+from specchat.decoding.ngram import NgramDrafter
 from specchat.errors import BadInput
 from specchat.models import loader
 

@@ -7,8 +7,9 @@ import itertools
 
 import numpy as np
 
-from specchat.decoding.drafters import DraftBudget, NgramDrafter, Proposal
+from specchat.decoding.drafters import DraftBudget, Proposal
 from specchat.decoding.lookup_tree import add_branches, branches
+from specchat.decoding.ngram import NgramDrafter
 from specchat.decoding.sampling import SamplingParams
 from specchat.decoding.tree import fit_side, tree_batch
 

@@ -6,9 +6,9 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specchat.decoding.drafters import NgramDrafter
 from specchat.decoding.events import Source, Token
 from specchat.decoding.loop import FixedK, Settings, generate
+from specchat.decoding.ngram import NgramDrafter
 from specchat.decoding.sampling import SamplingParams
 
 from .fakes import FakeModel, plain_greedy

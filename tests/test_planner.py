@@ -496,7 +496,7 @@ def test_low_draft_acceptance_suggests_a_same_family_draft():
 
 def test_route_priors_let_long_copies_draft_deep_from_the_first_rounds():
     """Before, every route started at 50% acceptance and auto needed ~40 rounds to trust a long copy."""
-    from specchat.decoding.drafters import NGRAM_ROUTE_PRIORS
+    from specchat.decoding.ngram import NGRAM_ROUTE_PRIORS
 
     # V(1..16) of the default target on the 2-core EPYC this was written on (calibration, seconds)
     here = [0.0241, 0.0448, 0.0614, 0.0734, 0.0921, 0.1035, 0.1209, 0.1211, 0.1348]

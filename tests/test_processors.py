@@ -17,9 +17,10 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from specchat.cli import app
-from specchat.decoding.drafters import ModelDrafter, NgramDrafter
+from specchat.decoding.drafters import ModelDrafter
 from specchat.decoding.events import Done, Token
 from specchat.decoding.loop import FixedK, Settings, generate
+from specchat.decoding.ngram import NgramDrafter
 from specchat.decoding.processors import AnswerProcessor, LogitBias, Penalties, for_params
 from specchat.decoding.sampling import SamplingParams, probs
 

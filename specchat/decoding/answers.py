@@ -11,7 +11,7 @@ Each answer is kept with the LEAD_IN prompt tokens before it, so a repeated requ
 its answer's first token: the prompt's end (the user's last words, then the chat template's turn for
 the assistant) is where the remembered answer began. Only answer tokens are ever proposed.
 
-The lookup is the n-gram drafter's rule (drafters.py): the place whose preceding tokens agree with
+The lookup is the n-gram drafter's rule (ngram.py): the place whose preceding tokens agree with
 the context furthest back wins, measured up to MATCH_HORIZON tokens, the most recent on a tie, and no
 match shorter than `min_n` proposes anything; the route is the match's length class (`match_route`),
 so the planner learns per match length, as for the n-gram drafter. Its index is not reused: the
@@ -35,8 +35,9 @@ from types import MappingProxyType
 
 import numpy as np
 
-from .drafters import MATCH_HORIZON, MATCH_ROUTES, NGRAM_ROUTE_PRIORS, DraftBudget, Proposal, match_route
+from .drafters import DraftBudget, Proposal
 from .events import Source
+from .ngram import MATCH_HORIZON, MATCH_ROUTES, NGRAM_ROUTE_PRIORS, match_route
 from .processors import AnswerProcessor
 from .sampling import SamplingParams
 

@@ -97,6 +97,9 @@ class Round:
     #: among them; `drafted`, `accepted` and `confidence` count the main chain only
     side_nodes: int = 0
     side_accepted: int = 0
+    #: the tree offered a side node where the target turned the chain's token down (whether one was
+    #: then accepted: side_accepted)
+    side_tried: bool = False
     #: tokens a recurrent target's last rollback left, decoded in front of this round's verify batch
     #: (llama/rollback.py): the batch had proposed + 1 + replayed rows
     replayed: int = 0

@@ -10,8 +10,9 @@ accepted pays for its row (DraftBudget.floor_at, the row it would take):
 
 * the first node of a branch parting at draft position j: the chance the draft gets there (the
   planner's per-depth rates for this route, DraftBudget.expect), times the chance the drafted token
-  there is rejected, times the alternative's share of the occurrences that part there (one pseudo-
-  occurrence stands for a token none of them had);
+  there is rejected, times the chance that a branch then holds the target's token (learned by the
+  planner from the rounds that tried one, DraftBudget.branch), times the alternative's share of the
+  occurrences that part there;
 * each later node: its parent's chance times the route's rate at its depth.
 
 Greedy, the target's own tokens decide the walk (tree.judge_tree), so the output is plain
@@ -81,7 +82,7 @@ def branches(
     for i in range(len(draft)):
         reach.append(reach[-1] * _rate(budget, i))
     for b in found.values():
-        share = b.votes / (parted[b.position] + 1)
+        share = budget.branch * b.votes / parted[b.position]
         b.value = reach[b.position] * (1.0 - _rate(budget, b.position)) * share
     return sorted(found.values(), key=lambda b: -b.value)
 

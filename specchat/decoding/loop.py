@@ -265,6 +265,7 @@ class _Verdict:
     #: a tree round's side nodes, and how many of the `accepted` drafts were side nodes
     side: int = 0
     side_accepted: int = 0
+    side_tried: bool = False
     #: tokens an earlier rollback left that the target decoded in front of this round's batch
     replayed: int = 0
 
@@ -447,6 +448,7 @@ class _Answer:
             seconds=time.perf_counter() - t_verify,
             side=len(draft.proposal.side),
             side_accepted=len(done.path) - done.on_chain,
+            side_tried=done.tried,
         )
 
     def _cut_back(self, n_ok: int, *, batched: bool) -> int:
@@ -540,6 +542,7 @@ def _record(draft: _Draft, verdict: _Verdict, emitted: int, repaired: int, repai
         repair_seconds=repair_seconds,
         side_nodes=verdict.side,
         side_accepted=verdict.side_accepted,
+        side_tried=verdict.side_tried,
         replayed=verdict.replayed,
     )
 

@@ -41,6 +41,8 @@ EMA = 0.1  # weight of a new timing measurement
 #: and its decay per row seen: ~30 tokens of memory, as the share swings within an answer between
 #: prose (near-ties common) and copied code (almost none)
 TIE_PRIOR = (0.5, 19.5)
+#: Prior of a lookup's branch being taken where the copy is rejected beside it: nothing said either way
+BRANCH_PRIOR = (1.0, 1.0)
 TIE_DECAY = 0.97
 #: strength (in tokens) of the prior on what drifted K/V cost later (AutoPlanner.drift_cost), and
 #: the share of drifted tokens it assumes a near-tie will have re-decoded: all of them. A repair
@@ -230,6 +232,9 @@ class AutoPlanner:
         self.learn_costs = learn_costs  # off under --seed: timing noise must not change the choices
         #: per drafter, acceptance by draft confidence (only drafters that report one fill theirs)
         self.confidence = [ConfidenceByDepth(start=a / (a + b)) for a, b in self.priors]
+        #: per drafter, how often a lookup's branch held the target's token where it turned the copy
+        #: down (DraftBudget.branch)
+        self.branches = [Acceptance(*BRANCH_PRIOR) for _ in self.priors]
         #: tokens an answer runs (running estimate), and the count of the one under way
         self.answer_tokens = ANSWER_PRIOR
         self._generated, self._answer_open = 0, False
@@ -455,6 +460,7 @@ class AutoPlanner:
             floors=tuple(min(FLOOR_MAX, speed * r) for r in rows),
             ahead=tuple(min(FLOOR_MAX, speed * (c + r)) for r in rows),
             expect=plan.rates,
+            branch=self.branches[which].rates(1, None)[0],
         )
 
     def observe(self, rnd: Round, plan: Plan, budget: DraftBudget | None = None) -> None:
@@ -498,6 +504,8 @@ class AutoPlanner:
             self.acceptance(drafter, rnd.route).observe(full, min(rnd.accepted, full))
         if rnd.confidence:
             self.confidence[drafter].observe(rnd.confidence, rnd.accepted)
+        if rnd.side_tried:
+            self.branches[drafter].observe(1, int(rnd.side_accepted > 0))
         drafting = rnd.draft_seconds - rnd.catch_up_seconds  # catching up is priced separately
         # only a draft model's cost is learned: a model-free drafter's proposals stay free (its
         # microseconds are bookkeeping, not a draft decode). It is learned per one-token decode: the

@@ -115,7 +115,7 @@ def _converted(drafter: str, key: str, value: object, default: object) -> object
 MODEL_FREE: Mapping[str, ModelFree] = MappingProxyType(
     {
         NGRAM: ModelFree(
-            NGRAM, "drafters:NgramDrafter", "prompt lookup: copies what the context repeats", default=True
+            NGRAM, "ngram:NgramDrafter", "prompt lookup: copies what the context repeats", default=True
         ),
         "answers": ModelFree(
             "answers", "answers:AnswersDrafter", "earlier answers: drafts where an answer repeats one"

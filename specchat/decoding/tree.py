@@ -252,12 +252,14 @@ def _multi_candidate(
 @dataclass(slots=True)
 class TreeRound:
     """verify_tree's outcome: the committed tokens and accepted nodes (TreeVerdict), how many of
-    those are the main chain's, and the chain drafts judged (accepted, and the one rejected there)."""
+    those are the main chain's, the chain drafts judged (accepted, and the one rejected there), and
+    whether a side node stood beside the chain token the target turned down."""
 
     new: list[int]
     path: list[int]
     on_chain: int
     judged: int
+    tried: bool = False
 
 
 def verify_tree(
@@ -280,8 +282,11 @@ def verify_tree(
     while on_chain < len(walked.path) and walked.path[on_chain] == on_chain + 1:
         on_chain += 1
     stopped_on_chain = len(walked.new) == len(walked.path) == on_chain  # a near-tie on the chain
-    judged = on_chain + (on_chain < len(proposal.tokens) and not stopped_on_chain)
-    return TreeRound(walked.new, walked.path, on_chain, judged)
+    rejected = on_chain < len(proposal.tokens) and not stopped_on_chain
+    parents = proposal.side_parent or [-1] * len(proposal.side)
+    beside = (pos for (pos, _), parent in zip(proposal.side, parents, strict=True) if parent < 0)
+    tried = rejected and on_chain in beside
+    return TreeRound(walked.new, walked.path, on_chain, on_chain + rejected, tried)
 
 
 def fit_side(proposal: Proposal, room: int) -> None:

@@ -21,13 +21,13 @@ import numpy as np
 from specchat.decoding.drafters import (
     Alternative,
     DraftBudget,
-    NgramDrafter,
     Proposal,
     pick_side,
     second_choice,
 )
 from specchat.decoding.events import Source
 from specchat.decoding.model import common_prefix_len
+from specchat.decoding.ngram import NgramDrafter
 from specchat.decoding.processors import AnswerProcessor
 from specchat.decoding.sampling import SamplingParams, top_prob
 

@@ -34,9 +34,10 @@ from replay_curves import Curve
 from replay_draft import ROUND_OVERHEAD, DraftTrace, ReplayDraftModel, billed, hindsight_seconds
 
 from specchat.decoding.calibration import Costs, trees_exact
-from specchat.decoding.drafters import NGRAM_ROUTE_PRIORS, ModelDrafter, NgramDrafter
+from specchat.decoding.drafters import ModelDrafter
 from specchat.decoding.events import Done, Round
 from specchat.decoding.loop import FixedK, Planner, Settings, generate
+from specchat.decoding.ngram import NGRAM_ROUTE_PRIORS, NgramDrafter
 from specchat.decoding.settings import AUTO_TREE_WIDTH
 
 #: draft lengths tried for the fixed settings, and llama.cpp's p-min values
