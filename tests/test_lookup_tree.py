@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 
 import numpy as np
+import pytest
 
 from specchat.decoding.drafters import DraftBudget, Proposal
 from specchat.decoding.lookup_tree import add_branches, branches
@@ -157,3 +158,45 @@ def test_lookup_tree_sampling_matches_target_distribution():
     # 9 cells, 4000 draws: sampling noise alone gives TV around 0.02; a biased rule gives far more
     assert tv < 0.04, tv
     assert side_accepted > 200
+
+
+def test_a_round_says_whether_a_branch_stood_where_the_copy_was_turned_down():
+    from specchat.decoding.tree import verify_tree
+
+    from .fakes import FakeModel
+
+    target = FakeModel(seed=4, n_vocab=8, order=2, tree_branches=4)
+    context = [1, 2, 3]
+    target.decode(context[:-1], [])
+    want = int(np.argmax(target.logits_after(context)))
+    wrong, other = (want + 1) % 8, (want + 2) % 8
+    rng = np.random.default_rng(0)
+    beside = Proposal(tokens=[wrong, 5], side=[(0, want)], side_parent=[-1])
+    done = verify_tree(target, context[-1], beside, SamplingParams(), rng)
+    assert done.tried and done.path == [3] and done.on_chain == 0
+    target.truncate(len(context) - 1)
+    missed = Proposal(tokens=[wrong, 5], side=[(0, other)], side_parent=[-1])
+    assert verify_tree(target, context[-1], missed, SamplingParams(), rng).tried
+    target.truncate(len(context) - 1)
+    elsewhere = Proposal(tokens=[wrong, 5], side=[(1, other)], side_parent=[-1])
+    assert not verify_tree(target, context[-1], elsewhere, SamplingParams(), rng).tried
+
+
+def test_the_planner_learns_how_often_a_lookups_branch_is_taken():
+    from specchat.decoding.calibration import Costs
+    from specchat.decoding.events import Round
+    from specchat.decoding.planner import AutoPlanner
+
+    planner = AutoPlanner(Costs([0.01 * (1 + 0.1 * n) for n in range(17)], [0.0], exact_n=9), [(2.0, 2.0)],
+                          model_free=[True])  # fmt: skip
+    plan = planner.plan(8, ["any"])
+    budget = planner.draft_budget(plan)
+    assert budget is not None and budget.branch == pytest.approx(0.5)
+    for _ in range(10):
+        rnd = Round("any", plan.k, plan.k, 0, 1, 0.02, route="any", side_nodes=1, side_tried=True)
+        planner.observe(rnd, plan, budget)
+    missed = planner.draft_budget(plan)
+    assert missed is not None and missed.branch < 0.15
+    # fewer branches are worth their rows once they are seldom taken
+    offered = branches(CONTEXT, [14, 8, 2], [7, 8, 4, 3], missed, depth=3)
+    assert all(b.value < 0.25 * 0.3 for b in offered)
