@@ -191,7 +191,7 @@ def test_the_planner_learns_how_often_a_lookups_branch_is_taken():
                           model_free=[True])  # fmt: skip
     plan = planner.plan(8, ["any"])
     budget = planner.draft_budget(plan)
-    assert budget is not None and budget.branch == pytest.approx(0.5)
+    assert budget is not None and budget.branch == pytest.approx(0.425)
     for _ in range(10):
         rnd = Round("any", plan.k, plan.k, 0, 1, 0.02, route="any", side_nodes=1, side_tried=True)
         planner.observe(rnd, plan, budget)
