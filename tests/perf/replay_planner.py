@@ -386,7 +386,9 @@ def report(
     tree_width: int = 0,
 ) -> None:
     """Replay every case under every curve with the model-free `drafter` (a registry spec) and print
-    the ratios (and the hindsight bound)."""
+    the ratios (and the hindsight bound), and how often the drafter's token-tree branches stood
+    beside a rejected draft token and held the answer's token there."""
+    tried = [0, 0]  # rounds with a branch beside the rejected draft token, and those that took one
 
     def ratio(name: str, seed: int, curve: list[float]) -> float:
         prompt, output, gaps = cases[name]
@@ -405,6 +407,8 @@ def report(
                            settings=settings):  # fmt: skip
             if isinstance(ev, Round):
                 spent += bill[min((ev.proposed or 0) + 1, len(bill)) - 1]
+                tried[0] += ev.side_tried
+                tried[1] += ev.side_tried and ev.side_accepted > 0
             elif isinstance(ev, Done):
                 made = ev.stats.generated_tokens
         return made * bill[0] / spent
@@ -416,11 +420,15 @@ def report(
     copying = {n for n in names if prompts[n].get("category") in COPYING}
     for curve in curves:
         shape = ", ".join(f"V({n}) {curve[n - 1] / curve[0]:.2f}" for n in (2, 4, 16))
+        tried[:] = [0, 0]
         res = {n: statistics.fmean(ratio(n, s, curve) for s in range(seeds)) for n in names}
         print(f"replayed {drafter} auto (simulated, not measured), curve {shape}: " + ", ".join(
             f"{n} {r:.2f}x" for n, r in res.items()
         ) + f"; geomean copying {geomean([res[n] for n in copying]):.3f}x, "
             f"others {geomean([res[n] for n in names if n not in copying]):.3f}x")  # fmt: skip
+        if tree_width > 0:
+            print(f"  token-tree branches beside a rejected draft token: {tried[0]} rounds "
+                  f"({tried[0] / seeds:.0f} a seed), the answer's token on one in {tried[1]}")  # fmt: skip
         if oracle:
             bound = {n: hindsight_ratio(*cases[n], curve, margin, exact_n) for n in names}
             print("  hindsight bound (best k per round knowing the answer): " + ", ".join(
