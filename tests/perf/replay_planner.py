@@ -428,7 +428,7 @@ def report(
             f"others {geomean([res[n] for n in names if n not in copying]):.3f}x")  # fmt: skip
         if tree_width > 0:
             print(f"  token-tree branches beside a rejected draft token: {tried[0]} rounds "
-                  f"({tried[0] / seeds:.0f} a seed), the answer's token on one in {tried[1]}")  # fmt: skip
+                  f"({tried[0] / seeds:.0f} a seed), {tried[1]} of them taken")  # fmt: skip
         if oracle:
             bound = {n: hindsight_ratio(*cases[n], curve, margin, exact_n) for n in names}
             print("  hindsight bound (best k per round knowing the answer): " + ", ".join(
