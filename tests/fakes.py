@@ -9,8 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from specchat.decoding.sampling import SamplingParams
 
 
 class FakeModel:
@@ -125,6 +129,21 @@ BYTES_PER_TOKEN = 1000
 class FakeState:
     tokens: tuple[int, ...]
     nbytes: int
+
+
+def first_two(model: FakeModel, prompt: Sequence[int], params: SamplingParams) -> np.ndarray:
+    """The target's own joint distribution of the first two sampled tokens after `prompt`: what a
+    distribution test compares an exact speculative sampler's draws with."""
+    from specchat.decoding.sampling import probs
+
+    vocab = model.n_vocab
+    p1 = probs(model.logits_after(prompt), params)
+    return np.array(
+        [
+            [p1[a] * probs(model.logits_after([*prompt, a]), params)[b] for b in range(vocab)]
+            for a in range(vocab)
+        ]
+    )
 
 
 def plain_greedy(model: FakeModel, prompt: Sequence[int], n: int) -> list[int]:

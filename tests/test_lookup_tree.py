@@ -3,8 +3,6 @@ a round, and the loop's output with them against plain decoding's, greedy and sa
 
 from __future__ import annotations
 
-import itertools
-
 import numpy as np
 import pytest
 
@@ -133,19 +131,15 @@ def test_greedy_lookup_trees_give_plain_decodings_tokens():
 def test_lookup_tree_sampling_matches_target_distribution():
     """Copied tokens are one-hot drafts: the first two tokens over many seeded tree runs are
     distributed as the target's own."""
-    from specchat.decoding.sampling import probs
 
-    from .fakes import FakeModel
+    from .fakes import FakeModel, first_two
 
     vocab = 3
     target = FakeModel(seed=21, n_vocab=vocab, order=3, sharpness=1.0, tree_branches=4)
     params = SamplingParams(temperature=1.0, top_k=0, top_p=1.0)
     # "1 2" followed by 0, 1 and 2 before: every next token has a branch
     prompt = [1, 2, 0, 1, 1, 2, 1, 0, 1, 2, 2, 0, 1, 2]
-    p1 = probs(target.logits_after(prompt), params)
-    exact = np.zeros((vocab, vocab))
-    for a, b in itertools.product(range(vocab), repeat=2):
-        exact[a, b] = p1[a] * probs(target.logits_after([*prompt, a]), params)[b]
+    exact = first_two(target, prompt, params)
     counts = np.zeros((vocab, vocab))
     rng = np.random.default_rng(7)
     side_accepted = 0

@@ -152,22 +152,18 @@ def test_tree_sampling_matches_target_distribution():
     """The joint distribution of the first two tokens, over many seeded runs whose rounds are trees
     (a draft deliberately different from the target, two side nodes per round), equals the target's:
     multi-candidate rejection sampling keeps the output exact in distribution."""
-    import itertools
 
     from specchat.decoding.drafters import ModelDrafter
-    from specchat.decoding.sampling import SamplingParams, probs
+    from specchat.decoding.sampling import SamplingParams
 
-    from .fakes import FakeModel
+    from .fakes import FakeModel, first_two
 
     vocab = 4
     target = FakeModel(seed=11, n_vocab=vocab, sharpness=1.0, tree_branches=4)
     draft = FakeModel(seed=12, n_vocab=vocab, sharpness=1.0)
     params = SamplingParams(temperature=1.0, top_k=0, top_p=1.0)
     prompt = [1, 2, 3, 4]
-    p1 = probs(target.logits_after(prompt), params)
-    exact = np.zeros((vocab, vocab))
-    for a, b in itertools.product(range(vocab), repeat=2):
-        exact[a, b] = p1[a] * probs(target.logits_after([*prompt, a]), params)[b]
+    exact = first_two(target, prompt, params)
     counts = np.zeros((vocab, vocab))
     rng = np.random.default_rng(5)
     drafter = ModelDrafter(draft, p_min=0.0, tree_width=2)
