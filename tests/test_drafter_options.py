@@ -40,6 +40,7 @@ def test_a_spec_with_options_builds_the_drafter_with_them_and_names_it_by_the_sp
     [
         ("ngram:max=12", "drafter ngram has no option 'max'"),
         ("ngram:name=x", "drafter ngram has no option 'name'"),
+        ("ngram:tree_width=2", "drafter ngram has no option 'tree_width'"),  # --tree-width sets it
         ("ngram:max_n=many", "drafter ngram: max_n must be an integer (got 'many')"),
         ("ngram:follow=maybe", "drafter ngram: follow must be true or false (got 'maybe')"),
         ("ngram:min_n=9", "drafter ngram: min_n and max_n must satisfy 1 <= min_n <= max_n"),

@@ -65,10 +65,11 @@ class ModelFree:
             and isinstance(p.default, bool | int | float | str)
         }
 
-    def make(self, *, tree_width: int = 0, **options: object) -> Drafter:
+    def make(self, tree_width: int = 0, /, **options: object) -> Drafter:
         """A new drafter built with `options` (text values, as `--draft` gives them, are read as the
         option's type). BadInput naming the drafter for an unknown option or a refused value.
-        `tree_width`: the side branches of its token trees, where it offers trees at all."""
+        `tree_width` (positional, so an option of that name is refused as unknown): the side
+        branches of its token trees, where it offers trees at all."""
         takes = self.options()
         given = {}
         for key, value in options.items():
@@ -178,7 +179,7 @@ def make(spec: str, *, tree_width: int = 0) -> Drafter:
     in the table: check is_model_free). One given options is named by its whole spec. `tree_width`:
     side branches its token trees may have (`--tree-width`), where it offers trees."""
     name, options = split(spec)
-    drafter = MODEL_FREE[name].make(tree_width=tree_width, **options)
+    drafter = MODEL_FREE[name].make(tree_width, **options)
     if options:
         drafter.name = spec
     return drafter
