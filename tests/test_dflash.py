@@ -399,10 +399,16 @@ def test_a_block_pass_is_priced_by_the_weights_its_rows_run_through(dflash_pair:
     from specchat.models.loader import LoadConfig, load
 
     cfg = LoadConfig(
-        target=str(target_path), drafts=(f"{DFLASH}:model={drafter_path}",), ctx_size=256, threads=1
+        target=str(target_path),
+        drafts=(f"{DFLASH}:model={drafter_path}", "ngram"),
+        ctx_size=256,
+        threads=1,
+        tree_width=3,
     )
     loaded = load(cfg)
     try:
-        assert [d.pass_share for d in loaded.drafters] == [pytest.approx(share)]
+        assert [d.pass_share for d in loaded.drafters] == [pytest.approx(share), 0.0]
+        # an attention target makes room for trees: the block drafter and the lookup both offer them
+        assert [d.tree_width for d in loaded.drafters] == [3, 3]
     finally:
         loaded.close()

@@ -35,10 +35,12 @@ def test_a_target_with_nextn_layers_drafts_with_its_head_by_default(qwen35_mtp: 
     on a model this small it seldom does), and whatever it decides the text is the target's own."""
     drafts = default_drafts(str(qwen35_mtp))
     assert drafts == (MTP, "ngram")
-    loaded = load(LoadConfig(str(qwen35_mtp), drafts, ctx_size=512, threads=1))
+    loaded = load(LoadConfig(str(qwen35_mtp), drafts, ctx_size=512, threads=1, tree_width=4))
     try:
         assert [type(d).__name__ for d in loaded.drafters] == ["HeadDrafter", "NgramDrafter"]
         assert loaded.drafters[0].source.value == MTP
+        # a recurrent target verifies chains: neither drafter builds token trees for it
+        assert [d.tree_width for d in loaded.drafters] == [0, 0]
     finally:
         loaded.close()
     spec = run_json(str(qwen35_mtp), "-n", "48")

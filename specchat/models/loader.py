@@ -234,11 +234,9 @@ def load(
     refuse_known_bad(ident)
     workers = probe_workers(cfg.rpc, same_build=not cfg.force)  # an unusable worker: one line, first
     stock = build_warning(ident)  # a stock llama-cpp-python: said once, with how to get the patched one
-    free = {  # options: checked first
-        spec: registry.make(spec, tree_width=min(cfg.tree_width, TREE_BRANCHES))
-        for spec in cfg.drafts
-        if registry.is_model_free(spec)
-    }
+    for spec in cfg.drafts:
+        if registry.is_model_free(spec):
+            registry.make(spec)  # its options refused before anything loads; built with the target below
     model_specs = [d for d in cfg.drafts if not registry.is_model_free(d) and not registry.is_target_head(d)]
     head_specs = [d for d in cfg.drafts if registry.is_target_head(d)]
     if len(head_specs) > 1:
@@ -325,8 +323,11 @@ def load(
         drafts = ()
     try:
         for spec in drafts:
-            if spec in free:
-                out.drafters.append(free[spec])
+            if registry.is_model_free(spec):
+                # as a draft model's, its tree width is what the target makes room for (none on a
+                # recurrent target, which verifies chains)
+                width = min(cfg.tree_width, target.tree_branches)
+                out.drafters.append(registry.make(spec, tree_width=width))
                 continue
             if registry.is_target_head(spec):
                 head = _target_head(target, cfg, spec, paths[head_file] if head_file is not None else None)
