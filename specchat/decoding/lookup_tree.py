@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -48,8 +48,6 @@ class Branch:
     tokens: list[int]
     value: float
     votes: int = 1
-    #: how many of `tokens` went into the tree
-    used: int = field(default=0)
 
 
 def _rate(budget: DraftBudget, i: int) -> float:
@@ -94,7 +92,8 @@ def add_branches(out: Proposal, offered: Sequence[Branch], width: int, budget: D
     likely one. Each branch's nodes go in one after another (a parent before its children)."""
     heap = [(-b.value, i, 0) for i, b in enumerate(offered)]
     heapq.heapify(heap)
-    opened: list[Branch] = []
+    opened: list[int] = []
+    used = [0] * len(offered)  # per branch, how many of its tokens went in
     rows = 0
     while heap and rows < SIDE_ROWS:
         neg, i, d = heapq.heappop(heap)
@@ -104,13 +103,13 @@ def add_branches(out: Proposal, offered: Sequence[Branch], width: int, budget: D
         if d == 0:
             if len(opened) >= width:
                 continue
-            opened.append(b)
-        b.used, rows = d + 1, rows + 1
+            opened.append(i)
+        used[i], rows = d + 1, rows + 1
         if d + 1 < len(b.tokens):
             heapq.heappush(heap, (-(value * _rate(budget, b.position + d + 1)), i, d + 1))
     parents = out.side_parent or [-1] * len(out.side)
-    for b in sorted(opened, key=lambda b: b.position):
-        for d, token in enumerate(b.tokens[: b.used]):
+    for i in sorted(opened, key=lambda i: offered[i].position):
+        for d, token in enumerate(offered[i].tokens[: used[i]]):
             parents.append(-1 if d == 0 else len(out.side) - 1)
-            out.side.append((b.position + d, token))
+            out.side.append((offered[i].position + d, token))
     out.side_parent = parents

@@ -441,7 +441,8 @@ class AutoPlanner:
         which, k, v = plan.drafter, plan.planned_k, plan.verify
         if which is None or k <= 0 or not v:
             return None
-        speed, c = plan.speed, (0.0 if self._lookup(which) else self.costs.draft[which])
+        weighed = not self._lookup(which)  # a lookup: no confidence bins, no decode to price
+        speed, c = plan.speed, (self.costs.draft[which] if weighed else 0.0)
         row = (v[k] - v[0]) / k  # the planned draft's average verify row
         # the first token's distribution comes with the catch-up decode the round pays anyway, so
         # proposing it costs only its own verify row (a draft model declining it had paid that
@@ -452,7 +453,6 @@ class AutoPlanner:
         for i in range(1, len(v) - 1):
             j = min(len(v) - 1, i + FLOOR_WINDOW)
             rows.append(max(row, (v[j] - v[i]) / (j - i)))
-        weighed = not self._lookup(which)
         return DraftBudget(
             floor=min(FLOOR_MAX, speed * row),
             chance=self.confidence[which].chances(self.rng if self.explore else None) if weighed else (),

@@ -295,20 +295,22 @@ def fit_side(proposal: Proposal, room: int) -> None:
     node's first child takes none; none: the round is a chain)."""
     parents = proposal.side_parent or [-1] * len(proposal.side)
     kept: dict[int, int] = {}  # a kept node's index in `side` -> its index after the cut
-    with_child: set[int] = set()
+    with_child: set[int] = set()  # kept nodes that are no longer leaves
+    leaves = 0
     for i, (position, _) in enumerate(proposal.side):
         parent = parents[i]
         # a sibling of a chain token that is still there, or the child of a node kept
         if not (position < len(proposal.tokens) if parent < 0 else parent in kept):
             continue
-        new_leaf = parent < 0 or kept[parent] in with_child
-        branches = sum(1 for j in kept.values() if j not in with_child)
-        if new_leaf and branches >= room:
+        # a first child continues its parent's branch; any other node opens one
+        opens = parent < 0 or parent in with_child
+        if opens and leaves >= room:
             continue
+        leaves += opens
         if parent >= 0:
-            with_child.add(kept[parent])
+            with_child.add(parent)
         kept[i] = len(kept)
-    order = sorted(kept)
+    order = list(kept)  # in `side` order, as they were kept
     proposal.side = [proposal.side[i] for i in order]
     if proposal.side_parent:
         proposal.side_parent = [kept[parents[i]] if parents[i] >= 0 else -1 for i in order]
