@@ -301,6 +301,26 @@ def test_a_cached_curve_measured_on_a_busy_machine_is_measured_again(tmp_path, m
     assert calibration.cached_curve_is_stale(t, costs.verify) is False
 
 
+def test_a_cached_curve_inflated_only_past_four_rows_is_measured_again(tmp_path, monkeypatch):
+    """A disturbance can spare the small batches: an F16 target's curve cached with V(1) and V(4) as
+    idle but V(5..9) at twice their idle cost priced every draft of 4 or more out, and live rounds
+    never time a size the planner never chooses. The live check looks at V(8) too."""
+    from specchat.decoding import calibration
+
+    monkeypatch.setenv("SPECCHAT_HOME", str(tmp_path))
+    idle = [0.01 * (1 + 0.25 * i) for i in range(10)]
+    monkeypatch.setattr(calibration, "time_verify", lambda model, n, **kw: (idle[:n], 0.05))
+    t = FakeModel(n_vocab=32)
+    calibrate(t, [None], k_max=9)
+    cache = json.loads((tmp_path / "calibration.json").read_text())
+    key = next(k for k in cache if k.startswith("verify:"))
+    cache[key] = idle[:4] + [2 * v for v in idle[4:]]
+    (tmp_path / "calibration.json").write_text(json.dumps(cache))
+    costs = calibrate(t, [None], k_max=9)
+    assert costs.verify == idle and any("busier machine" in n for n in costs.notes)
+    assert json.loads((tmp_path / "calibration.json").read_text())[key] == idle
+
+
 def test_a_disturbed_calibration_is_repeated_and_never_cached(tmp_path, monkeypatch):
     from specchat.decoding import calibration
 

@@ -155,11 +155,22 @@ def measure_verify_quietly(
     return best[0], False
 
 
+#: batch sizes a cached curve is checked at (cached_curve_is_stale): one token, and one on each side of
+#: where llama.cpp's CPU kernels switch by rows (4: repacked GEMM; 5: the float verify tiles; 8: the
+#: K-quant tiled kernel's old threshold)
+STALE_SIZES = (1, 4, 8)
+
+
 def cached_curve_is_stale(model: Model, cached: Sequence[float]) -> bool:
     """Whether a cached verify curve was measured on a busier machine than this one is now: a quick
-    live V(1) and V(4) (fastest of 3) run well below it. (The other way round -- the machine busy now
-    -- is left to the live rounds, which rescale the curve as they go.)"""
-    sizes = [n for n in (1, 4) if n <= len(cached)]
+    live V(1), V(4) and V(8) (fastest of 3) run well below it. (The other way round -- the machine
+    busy now -- is left to the live rounds, which rescale the curve as they go.)
+
+    V(8) is checked as well because a disturbance can spare the small batches and inflate the larger
+    ones: an F16 target's curve cached at V(5..9) of 3.5-4.4 one-token times (1.9-2.8 idle) passed a
+    check of V(1) and V(4) alone, priced every draft of 4 or more out, and live rounds never measure
+    a batch size the planner never chooses, so nothing corrected it."""
+    sizes = [n for n in STALE_SIZES if n <= len(cached)]
     live, _ = time_verify(model, max(sizes), reps=3, sizes=sizes)
     # (a millisecond floor: timer noise on sub-millisecond decodes says nothing about load)
     return any(cached[n - 1] > STALE * live[n - 1] and cached[n - 1] - live[n - 1] > 1e-3 for n in sizes)
