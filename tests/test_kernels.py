@@ -223,14 +223,18 @@ def _half_bits(values: np.ndarray, name: str) -> np.ndarray:
 @pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="x86 code")
 @pytest.mark.parametrize("name", ["f16", "bf16"])
 @pytest.mark.parametrize("n", [1024, 1000, 8960])
-@pytest.mark.parametrize(("nw", "nrows"), [(1, 2), (3, 3), (4, 4), (5, 7), (4, 8), (9, 9), (2, 16), (7, 16)])
+@pytest.mark.parametrize(
+    ("nw", "nrows"),
+    [(1, 2), (3, 3), (4, 4), (4, 5), (6, 6), (5, 7), (4, 8), (9, 9), (3, 11), (4, 13), (2, 16), (7, 16)],
+)
 def test_the_several_rows_float_kernels_give_every_row_the_one_row_result(
     name: str, n: int, nw: int, nrows: int
 ):
     """The float verify-rows patch's kernels (tiles of weight rows x activation rows, every vector loaded
     once for a whole row or column of the tile) equal the one-row vec_dot on every product, bit for bit:
-    full tiles and partial ones on both sides; n = 1000 leaves a tail past the last full vector step,
-    n = 8960 (an FFN's down projection) runs the steps in several chunks."""
+    full tiles and partial ones on both sides, rows split into tiles of 4 to 6 (5, 6, 11, 13, 16 rows);
+    n = 1000 leaves a tail past the last full vector step, n = 8960 (an FFN's down projection) runs the
+    steps in several chunks."""
     _, cpu = _libraries(f"ggml_vec_dot_{name}_block", f"ggml_vec_dot_{name}")
     block_kernel, one_row = _float_block_kernels(cpu, name)
     cpu.ggml_cpu_init()  # the fp16 table the scalar tail reads through
