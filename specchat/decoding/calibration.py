@@ -155,9 +155,9 @@ def measure_verify_quietly(
     return best[0], False
 
 
-#: batch sizes a cached curve is checked at (cached_curve_is_stale): one token, and one on each side of
-#: where llama.cpp's CPU kernels switch by rows (4: repacked GEMM; 5: the float verify tiles; 8: the
-#: K-quant tiled kernel's old threshold)
+#: batch sizes a cached curve is checked at (cached_curve_is_stale): one token, and two batches that
+#: llama.cpp's CPU kernels run differently (4: the repacked K-quant GEMM's first size; 8: two float
+#: verify tiles where AVX2 builds take them, past one where AVX512 builds do)
 STALE_SIZES = (1, 4, 8)
 
 
