@@ -253,3 +253,47 @@ def test_the_several_rows_float_kernels_give_every_row_the_one_row_result(
     assert np.isnan(got[:, nw:]).all(), "wrote past the tile"
     assert np.isfinite(want).all() and np.abs(want).max() > 0  # real results, not untouched buffers
     assert np.array_equal(got[:, :nw], want), f"products differ: {np.argwhere(got[:, :nw] != want).tolist()}"
+
+
+BLOCK_Q8_0 = 2 + 32  # block_q8_0: fp16 d, int8 qs[32]
+
+
+@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="x86 code")
+@pytest.mark.parametrize("nrows", [1, 2, 3, 5, 7, 8, 9, 13, 16, 17, 33])
+@pytest.mark.parametrize("nw", [1, 2, 5])
+@pytest.mark.parametrize("n", [1024, 4864])
+def test_the_several_rows_q8_0_kernel_gives_every_row_the_one_row_result(nrows: int, nw: int, n: int):
+    """Q8_0 verify batches take ggml_vec_dot_q8_0_q8_0_rows (tiles of weight rows x activation rows,
+    each weight block read once for several rows, rows split as evenly as the registers allow: 9 as
+    5 + 4). Every product equals ggml_vec_dot_q8_0_q8_0 on that pair alone, bit for bit, with quants
+    at ±127 and all-zero blocks among them, for full and partial tiles on both sides; n = 4864 (a
+    0.5B model's FFN) runs past the prefetch distance in every row."""
+    _, cpu = _libraries("ggml_vec_dot_q8_0_q8_0_rows", "ggml_vec_dot_q8_0_q8_0", "quantize_row_q8_0")
+    i32, ptr, size = ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t
+    rows_kernel, one_row = cpu.ggml_vec_dot_q8_0_q8_0_rows, cpu.ggml_vec_dot_q8_0_q8_0
+    # n, s, bs, x, bx, nw, y, by, nrc
+    rows_kernel.argtypes, rows_kernel.restype = [i32, ptr, size, ptr, size, i32, ptr, size, i32], None
+    one_row.argtypes, one_row.restype = [i32, ptr, size, ptr, size, ptr, size, i32], None
+    cpu.quantize_row_q8_0.argtypes, cpu.quantize_row_q8_0.restype = [ptr, ptr, ctypes.c_int64], None
+    cpu.ggml_cpu_init()
+    rng = np.random.default_rng(nrows * 31 + n + nw)
+    values = (rng.standard_normal((nw + nrows, n)) * rng.integers(1, 9, (nw + nrows, 1))).astype(np.float32)
+    values[:, 5 * 32 : 6 * 32] = 0.0  # an all-zero block
+    values[:, 7 * 32] = -1000.0  # a block whose largest magnitude quantises to -127 and one to +127
+    values[:, 9 * 32 + 3] = 1000.0
+    stride = n // 32 * BLOCK_Q8_0 + 16  # rows apart by more than a row, as strided weights and batches
+    packed = np.zeros((nw + nrows, stride), dtype=np.uint8)
+    for r in range(nw + nrows):
+        cpu.quantize_row_q8_0(values[r].ctypes.data, packed[r].ctypes.data, n)
+    w, y = np.ascontiguousarray(packed[:nw]), np.ascontiguousarray(packed[nw:])
+    bs = nw + 3  # each activation row's results nw + 3 floats apart
+    got = np.full(nrows * bs, np.nan, dtype=np.float32)
+    want = np.full((nrows, nw), np.nan, dtype=np.float32)
+    rows_kernel(n, got.ctypes.data, bs, w.ctypes.data, stride, nw, y.ctypes.data, stride, nrows)
+    for r in range(nrows):
+        for i in range(nw):
+            one_row(n, want[r, i:].ctypes.data, 0, w[i].ctypes.data, 0, y[r].ctypes.data, 0, 1)
+    got = got.reshape(nrows, bs)
+    assert np.isnan(got[:, nw:]).all(), "wrote past the tile"
+    assert np.isfinite(want).all() and np.abs(want).max() > 0  # real results, not untouched buffers
+    assert np.array_equal(got[:, :nw], want), f"products differ: {np.argwhere(got[:, :nw] != want).tolist()}"
