@@ -1,6 +1,7 @@
 """The installed llama.cpp's activation quantiser against ggml's reference one, byte for byte, the
 flash-attention patch's vector expf against libm's, the several-rows repacked Q4_K kernel against the
-one-row GEMV, and the repacked Q6_K kernel against itself one row at a time and against vec_dot.
+one-row GEMV, the repacked Q6_K kernel against itself one row at a time and against vec_dot, and the
+several-rows float and Q8_0 kernels against their one-row vec_dots, product by product.
 
 The x86 K-quant patch (patches/llama.cpp/0001-*) vectorises quantize_row_q8_K (activations to Q8_K, the
 other side of every k-quant dot product). The invariance probe cannot catch a quantiser that is wrong
