@@ -221,6 +221,24 @@ def _half_bits(values: np.ndarray, name: str) -> np.ndarray:
     return (values.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
 
 
+def _assert_tile_is_one_row(tile: Any, one_row: Any, n: int, x: np.ndarray, y: np.ndarray) -> None:
+    """`tile` (n, s, bs, x, bx, nw, y, by, nr: every weight row of `x` against every row of `y`)
+    gives each product exactly what `one_row` (a one-row vec_dot) gives that pair, and writes
+    nothing past its nw results per row. Rows of `x` and `y` are one array row each, any stride."""
+    nw, nrows = len(x), len(y)
+    bs = nw + 3  # each activation row's results nw + 3 floats apart
+    got = np.full(nrows * bs, np.nan, dtype=np.float32)
+    want = np.full((nrows, nw), np.nan, dtype=np.float32)
+    tile(n, got.ctypes.data, bs, x.ctypes.data, x.strides[0], nw, y.ctypes.data, y.strides[0], nrows)
+    for r in range(nrows):
+        for w in range(nw):
+            one_row(n, want[r, w:].ctypes.data, 0, x[w].ctypes.data, 0, y[r].ctypes.data, 0, 1)
+    got = got.reshape(nrows, bs)
+    assert np.isnan(got[:, nw:]).all(), "wrote past the tile"
+    assert np.isfinite(want).all() and np.abs(want).max() > 0  # real results, not untouched buffers
+    assert np.array_equal(got[:, :nw], want), f"products differ: {np.argwhere(got[:, :nw] != want).tolist()}"
+
+
 @pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="x86 code")
 @pytest.mark.parametrize("name", ["f16", "bf16"])
 @pytest.mark.parametrize("n", [1024, 1000, 8960])
@@ -243,17 +261,7 @@ def test_the_several_rows_float_kernels_give_every_row_the_one_row_result(
     stride = n + 24  # rows apart by more than n values, as strided weights and batches would be
     x = _half_bits(rng.standard_normal((nw, stride)) / np.sqrt(n), name)
     y = _half_bits(rng.standard_normal((nrows, stride)), name)
-    bs = nw + 3  # each activation row's results nw + 3 floats apart
-    got = np.full(nrows * bs, np.nan, dtype=np.float32)
-    want = np.full((nrows, nw), np.nan, dtype=np.float32)
-    block_kernel(n, got.ctypes.data, bs, x.ctypes.data, stride * 2, nw, y.ctypes.data, stride * 2, nrows)
-    for r in range(nrows):
-        for w in range(nw):
-            one_row(n, want[r, w:].ctypes.data, 0, x[w].ctypes.data, 0, y[r].ctypes.data, 0, 1)
-    got = got.reshape(nrows, bs)
-    assert np.isnan(got[:, nw:]).all(), "wrote past the tile"
-    assert np.isfinite(want).all() and np.abs(want).max() > 0  # real results, not untouched buffers
-    assert np.array_equal(got[:, :nw], want), f"products differ: {np.argwhere(got[:, :nw] != want).tolist()}"
+    _assert_tile_is_one_row(block_kernel, one_row, n, x, y)
 
 
 BLOCK_Q8_0 = 2 + 32  # block_q8_0: fp16 d, int8 qs[32]
@@ -287,14 +295,4 @@ def test_the_several_rows_q8_0_kernel_gives_every_row_the_one_row_result(nrows: 
     for r in range(nw + nrows):
         cpu.quantize_row_q8_0(values[r].ctypes.data, packed[r].ctypes.data, n)
     w, y = np.ascontiguousarray(packed[:nw]), np.ascontiguousarray(packed[nw:])
-    bs = nw + 3  # each activation row's results nw + 3 floats apart
-    got = np.full(nrows * bs, np.nan, dtype=np.float32)
-    want = np.full((nrows, nw), np.nan, dtype=np.float32)
-    rows_kernel(n, got.ctypes.data, bs, w.ctypes.data, stride, nw, y.ctypes.data, stride, nrows)
-    for r in range(nrows):
-        for i in range(nw):
-            one_row(n, want[r, i:].ctypes.data, 0, w[i].ctypes.data, 0, y[r].ctypes.data, 0, 1)
-    got = got.reshape(nrows, bs)
-    assert np.isnan(got[:, nw:]).all(), "wrote past the tile"
-    assert np.isfinite(want).all() and np.abs(want).max() > 0  # real results, not untouched buffers
-    assert np.array_equal(got[:, :nw], want), f"products differ: {np.argwhere(got[:, :nw] != want).tolist()}"
+    _assert_tile_is_one_row(rows_kernel, one_row, n, w, y)
