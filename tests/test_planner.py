@@ -991,6 +991,29 @@ def test_a_block_drafters_pass_is_learned_from_its_rounds():
     assert planner.plan(8, ["any"]).drafter is None
 
 
+def test_a_block_drafters_share_from_its_file_counts_as_one_of_its_timed_passes():
+    """With a share read from the files, the first timed pass is averaged with it rather than taking
+    its place (one dear pass alone would price the blocks out for rounds); the passes after it move
+    the mean as any further term does. Without one (share 0) the first timed pass sets the scale."""
+    flat = [0.010 + 0.0002 * i for i in range(9)]  # where blocks pay at every share tried here
+    planner = _block_planner(0.5, flat)
+
+    def timed_pass(share: float) -> Round:
+        pass_s = share * flat[2]
+        return Round("block", 2, 2, 2, 3, flat[2] + pass_s, draft_seconds=pass_s, draft_decodes=3)
+
+    planner.observe(timed_pass(0.4), planner.plan(8, ["any"]))  # builds the graph: not counted
+    assert planner.pass_scale == [0.5]
+    planner.observe(timed_pass(0.9), planner.plan(8, ["any"]))
+    assert planner.pass_scale[0] == pytest.approx(0.7)
+    planner.observe(timed_pass(0.7), planner.plan(8, ["any"]))
+    assert planner.pass_scale[0] == pytest.approx(0.7)
+    unknown = _block_planner(0.0, flat)
+    for share in (0.4, 0.9):
+        unknown.observe(timed_pass(share), unknown.plan(8, ["any"]))
+    assert unknown.pass_scale[0] == pytest.approx(0.9)
+
+
 def test_a_block_drafter_is_budgeted_like_a_draft_model():
     """Its rows are computed when it reads them (no draft cost), so it gets the floors a draft model
     gets: they stop its block and price its side nodes."""

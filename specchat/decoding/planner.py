@@ -214,6 +214,7 @@ class AutoPlanner:
         shares = list(pass_share) or [0.0] * len(self.model_free)
         self.pass_scale = [s if p else 0.0 for s, p in zip(shares, self.per_pass, strict=True)]
         self._passes_seen = [0] * len(self.model_free)
+        self._pass_prior = [float(s > 0.0) for s in self.pass_scale]  # a share known: one pass's weight
         # per drafter, priors for the routes it knows something about (n-gram match lengths)
         self.route_priors = list(route_priors)
         self.calibrated = list(costs.verify)
@@ -523,16 +524,15 @@ class AutoPlanner:
         return self.model_free[drafter] and not self.per_pass[drafter]
 
     def _learn_pass(self, drafter: int, seconds: float, rows: int) -> None:
-        """A block pass of `rows` rows took `seconds`: a running mean of its scale over the first
-        rounds, then an EMA that follows the machine. The first pass is not counted: it builds
-        llama.cpp's graph for the block, and priced at that, the drafter would not be given the rounds
-        that show what a pass really costs."""
+        """A block pass of `rows` rows took `seconds`: a running mean of its scale, the file's share one of
+        its terms (one pass can read far above the rest, 0.93-0.99 of the target's batch where they settle
+        at 0.7), then an EMA. The very first pass is not counted: it builds llama.cpp's graph."""
         seen = self._passes_seen[drafter]
         self._passes_seen[drafter] = seen + 1
         v = self._verify_curve(max(1, rows - 1))[-1]
         if seen > 0 and v > 0:
-            scale = self.pass_scale[drafter]
-            self.pass_scale[drafter] += max(EMA, 1.0 / seen) * (seconds / v - scale)
+            scale, weight = self.pass_scale[drafter], max(EMA, 1.0 / (seen + self._pass_prior[drafter]))
+            self.pass_scale[drafter] += weight * (seconds / v - scale)
 
 
 def _full_tokens(budget: DraftBudget, confidence: Sequence[float]) -> int:
