@@ -203,10 +203,11 @@ def test_the_repacked_q6_K_kernel_gives_every_row_the_one_row_result(nrows: int)
     assert gap <= 1e-5, f"not vec_dot's values: largest difference {gap:.2e} of the largest value"
 
 
-def _float_block_kernels(cpu: ctypes.CDLL, name: str) -> tuple[Any, Any]:
-    """(weight rows x activation rows kernel, one-row vec_dot) of the float verify-rows patch, typed."""
+def _tile_kernels(cpu: ctypes.CDLL, tile: str, one_row: str) -> tuple[Any, Any]:
+    """(weight rows x activation rows kernel, one-row vec_dot), typed: the float verify-rows patch's
+    and the Q8_0 one's take the same arguments."""
     i32, ptr, size = ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t
-    block, one = getattr(cpu, f"ggml_vec_dot_{name}_block"), getattr(cpu, f"ggml_vec_dot_{name}")
+    block, one = getattr(cpu, tile), getattr(cpu, one_row)
     # n, s, bs, x, bx, nw, y, by, nr
     block.argtypes, block.restype = [i32, ptr, size, ptr, size, i32, ptr, size, i32], None
     one.argtypes = [i32, ptr, size, ptr, size, ptr, size, i32]  # n, s, bs, x, bx, y, by, nrc
@@ -255,7 +256,7 @@ def test_the_several_rows_float_kernels_give_every_row_the_one_row_result(
     n = 1000 leaves a tail past the last full vector step, n = 8960 (an FFN's down projection) runs the
     steps in several chunks."""
     _, cpu = _libraries(f"ggml_vec_dot_{name}_block", f"ggml_vec_dot_{name}")
-    block_kernel, one_row = _float_block_kernels(cpu, name)
+    block_kernel, one_row = _tile_kernels(cpu, f"ggml_vec_dot_{name}_block", f"ggml_vec_dot_{name}")
     cpu.ggml_cpu_init()  # the fp16 table the scalar tail reads through
     rng = np.random.default_rng(nrows * 7 + n + nw)
     stride = n + 24  # rows apart by more than n values, as strided weights and batches would be
@@ -278,12 +279,9 @@ def test_the_several_rows_q8_0_kernel_gives_every_row_the_one_row_result(nrows: 
     at ±127 and all-zero blocks among them, for full and partial tiles on both sides; n = 4864 (a
     0.5B model's FFN) runs past the prefetch distance in every row."""
     _, cpu = _libraries("ggml_vec_dot_q8_0_q8_0_rows", "ggml_vec_dot_q8_0_q8_0", "quantize_row_q8_0")
-    i32, ptr, size = ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t
-    rows_kernel, one_row = cpu.ggml_vec_dot_q8_0_q8_0_rows, cpu.ggml_vec_dot_q8_0_q8_0
-    # n, s, bs, x, bx, nw, y, by, nrc
-    rows_kernel.argtypes, rows_kernel.restype = [i32, ptr, size, ptr, size, i32, ptr, size, i32], None
-    one_row.argtypes, one_row.restype = [i32, ptr, size, ptr, size, ptr, size, i32], None
-    cpu.quantize_row_q8_0.argtypes, cpu.quantize_row_q8_0.restype = [ptr, ptr, ctypes.c_int64], None
+    rows_kernel, one_row = _tile_kernels(cpu, "ggml_vec_dot_q8_0_q8_0_rows", "ggml_vec_dot_q8_0_q8_0")
+    cpu.quantize_row_q8_0.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+    cpu.quantize_row_q8_0.restype = None
     cpu.ggml_cpu_init()
     rng = np.random.default_rng(nrows * 31 + n + nw)
     values = (rng.standard_normal((nw + nrows, n)) * rng.integers(1, 9, (nw + nrows, 1))).astype(np.float32)
