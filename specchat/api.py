@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 from .decoding.settings import (
     AUTO_TREE_WIDTH,
     CTX_SIZE,
+    DRAFT_WINDOW,
     MAX_TOKENS,
     TREE_BRANCHES,
     SamplingParams,
@@ -186,6 +187,7 @@ def load(
     rpc: str | Sequence[str] | None = None,
     chat_template_kwargs: Mapping[str, Any] | None = None,
     tree_width: int | None = None,
+    draft_window: int | None = None,
     **sampling: Any,
 ) -> LoadedModel:
     """Load `target` (an alias from `specchat models`, a .gguf path, hf:ORG/REPO/FILE.gguf or
@@ -205,6 +207,8 @@ def load(
     the target's layers over, as `run --rpc`; the drafters stay on this machine.
     `tree_width`: side nodes of a round's token tree at most, as `run --tree-width` (None: its
     default, 4 under the cost model and 0 with a fixed `k`).
+    `draft_window`: recent tokens a draft model attends to besides the first few, as `run
+    --draft-window` (None: its default; 0: the whole context).
     """
     from .decoding.drafters import default_p_min
     from .models import loader
@@ -221,6 +225,7 @@ def load(
     _integer(
         "tree_width", tree_width, 0, TREE_BRANCHES, what="a number of side nodes", none="for the default"
     )
+    _integer("draft_window", draft_window, 0, what="a number of tokens (0: all)", none="for the default")
     variables = _template_vars(chat_template_kwargs)
     for name, flag in (("offline", offline), ("force", force), ("strict", strict), ("verbose", verbose)):
         _flag(name, flag)
@@ -240,6 +245,7 @@ def load(
         verbose=verbose,
         rpc=workers,
         tree_width=tree_width if tree_width is not None else (AUTO_TREE_WIDTH if k is None else 0),
+        draft_window=draft_window if draft_window is not None else DRAFT_WINDOW,
     )
     loaded = loader.load(cfg)
     for line in loaded.warnings:  # what `run` prints before answering: a stock llama.cpp build, ...

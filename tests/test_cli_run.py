@@ -76,6 +76,7 @@ def test_sampling_is_repeatable_with_seed(tiny_pair):
         (["--top-p", "2"], "--top-p"),
         (["--max-tokens", "0"], "--max-tokens"),
         (["--draft-p-min", "1.5"], "--draft-p-min"),
+        (["--draft-window", "-1"], "--draft-window"),
     ],
 )
 def test_bad_numbers_give_one_line(tiny_target, extra, needle):

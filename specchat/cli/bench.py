@@ -29,6 +29,7 @@ from .options import (
     CtxOpt,
     DraftGpuOpt,
     DraftOpt,
+    DraftWindowOpt,
     ForceOpt,
     GpuOpt,
     MaxTokOpt,
@@ -126,6 +127,7 @@ def bench(
         ),
     ] = None,
     p_min: PMinOpt = None,
+    draft_window: DraftWindowOpt = None,
     tree_width: TreeWidthOpt = None,
     ctx_size: CtxOpt = CTX_SIZE,
     gpu_layers: GpuOpt = None,
@@ -159,7 +161,7 @@ def bench(
     opts = Options(
         target, drafts=tuple(draft or ()), p_min=p_min, max_tokens=max_tokens, ctx_size=ctx_size,
         gpu_layers=gpu_layers, draft_gpu_layers=draft_gpu_layers, rpc=rpc, threads=threads, offline=offline,
-        force=force, strict=strict, verbose=verbose, tree_width=tree_width,
+        force=force, strict=strict, verbose=verbose, tree_width=tree_width, draft_window=draft_window,
     )  # fmt: skip
     check_range("--repeats", repeats, 1, 100)
     fixed_ks = parse_ks(ks) if ks is not None else None

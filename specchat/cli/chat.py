@@ -14,6 +14,7 @@ from .options import (
     CtxOpt,
     DraftGpuOpt,
     DraftOpt,
+    DraftWindowOpt,
     ForceOpt,
     GpuOpt,
     KOpt,
@@ -49,6 +50,7 @@ def chat(
     no_draft: NoDraftOpt = False,
     k: KOpt = "auto",
     p_min: PMinOpt = None,
+    draft_window: DraftWindowOpt = None,
     sampling: SamplingParams = DEFAULT_SAMPLING,  # one option per setting (sampling_options)
     seed: SeedOpt = None,
     max_tokens: Annotated[
@@ -89,5 +91,6 @@ def chat(
         draft_gpu_layers=draft_gpu_layers, rpc=rpc, threads=threads, system=system, offline=offline,
         force=force, strict=strict, verbose=verbose,
         template_kwargs=parse_template_kwargs(chat_template_kwargs, chat_template_kwarg),
+        draft_window=draft_window,
     )  # fmt: skip
     start_chat(opts, no_color=no_color)

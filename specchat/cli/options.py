@@ -36,6 +36,7 @@ from ..decoding.registry import FORM, described, is_model_free, make
 from ..decoding.settings import (
     AUTO_TREE_WIDTH,
     CTX_SIZE,
+    DRAFT_WINDOW,
     MAX_TOKENS,
     SETTINGS,
     TREE_BRANCHES,
@@ -96,6 +97,17 @@ TreeWidthOpt = Annotated[
         "target batch as the draft (at most this many side branches per round; 0 = chains only). "
         "Default: 4 with -k auto, where the cost model adds a node only where its verify row pays; "
         "0 with -k N.",
+    ),
+]
+DraftWindowOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--draft-window",
+        metavar="TOKENS",
+        help="Recent tokens a draft model attends to, besides the context's first four: past it the "
+        "draft's cache keeps only those, so its steps stay as cheap at long contexts as at short ones "
+        "(the target still checks every token against the whole context). 0 = the whole context. "
+        f"Default: {DRAFT_WINDOW}.",
     ),
 ]
 SeedOpt = Annotated[int | None, typer.Option("--seed", help="Random seed for sampling (repeatable runs).")]
@@ -313,6 +325,8 @@ class Options:
     rpc: str | None = None
     #: --tree-width as given (None: draft_tree_width's default)
     tree_width: int | None = None
+    #: --draft-window as given (None: DRAFT_WINDOW)
+    draft_window: int | None = None
 
     def __post_init__(self) -> None:
         """Check every number before anything slow happens, with the option's name in the message
@@ -321,6 +335,7 @@ class Options:
         check_range("--ctx-size", self.ctx_size, 16)
         check_range("--threads", self.threads, 1)
         check_range("--tree-width", self.tree_width, 0, TREE_BRANCHES)
+        check_range("--draft-window", self.draft_window, 0)
         if self.p_min is not None and not (0 <= self.p_min <= 1):
             raise BadInput(f"--draft-p-min must be in [0, 1] (got {self.p_min})")
         for spec in self.drafts:
@@ -384,4 +399,5 @@ class Options:
             verbose=self.verbose,
             rpc=(self.rpc,) if self.rpc else (),
             tree_width=self.draft_tree_width,
+            draft_window=self.draft_window if self.draft_window is not None else DRAFT_WINDOW,
         )

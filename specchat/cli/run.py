@@ -18,6 +18,7 @@ from .options import (
     CtxOpt,
     DraftGpuOpt,
     DraftOpt,
+    DraftWindowOpt,
     ForceOpt,
     GpuOpt,
     KOpt,
@@ -59,6 +60,7 @@ def run(
     no_draft: NoDraftOpt = False,
     k: KOpt = "auto",
     p_min: PMinOpt = None,
+    draft_window: DraftWindowOpt = None,
     tree_width: TreeWidthOpt = None,
     sampling: SamplingParams = DEFAULT_SAMPLING,  # one option per setting (sampling_options)
     seed: SeedOpt = None,
@@ -104,6 +106,7 @@ def run(
         draft_gpu_layers=draft_gpu_layers, rpc=rpc, threads=threads, system=system, offline=offline,
         force=force, strict=strict, verbose=verbose, tree_width=tree_width,
         template_kwargs=parse_template_kwargs(chat_template_kwargs, chat_template_kwarg),
+        draft_window=draft_window,
     )  # fmt: skip
     if prompt is None:
         if sys.stdin is None or sys.stdin.isatty():

@@ -30,6 +30,7 @@ from .options import (
     CtxOpt,
     DraftGpuOpt,
     DraftOpt,
+    DraftWindowOpt,
     ForceOpt,
     GpuOpt,
     KOpt,
@@ -75,6 +76,7 @@ def serve(
     no_draft: NoDraftOpt = False,
     k: KOpt = "auto",
     p_min: PMinOpt = None,
+    draft_window: DraftWindowOpt = None,
     sampling: SamplingParams = DEFAULT_SAMPLING,  # one option per setting (sampling_options)
     seed: SeedOpt = None,
     max_tokens: Annotated[
@@ -171,6 +173,7 @@ def serve(
         ctx_size=ctx_size, gpu_layers=gpu_layers, draft_gpu_layers=draft_gpu_layers, rpc=rpc, threads=threads,
         system=system, offline=offline, force=force, strict=strict, verbose=verbose,
         template_kwargs=parse_template_kwargs(chat_template_kwargs, chat_template_kwarg),
+        draft_window=draft_window,
     )  # fmt: skip
     check_range("--port", port, 0, 65535)
     check_range("--queue", queue, 0, 10_000)

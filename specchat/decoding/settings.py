@@ -79,6 +79,9 @@ TREE_BRANCHES = 8
 #: `--tree-width` under -k auto: side nodes a round may have, each added only where the planner's
 #: price of its verify row says it pays (decoding/tree.py)
 AUTO_TREE_WIDTH = 4
+#: `--draft-window`: recent tokens a draft model attends to besides the context's first few
+#: (llama/window.py; 0: the whole context)
+DRAFT_WINDOW = 1024
 
 
 @dataclass(frozen=True, slots=True)

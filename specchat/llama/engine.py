@@ -29,6 +29,7 @@ from .rpc import failed_worker, worker_lost
 from .rpc_wire import parse_endpoints, probe
 from .tree_batch import TreeBatches
 from .vocab import VocabQueries
+from .window import AttentionWindow
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +62,9 @@ class LoadOptions:
     #: (rollback.py); longer ones go back through a checkpoint. 0: checkpoints only (a draft model,
     #: which decodes one token at a time and checkpoints before its drafts). Ignored elsewhere
     snapshots: int = 0
+    #: a draft model's attention window (window.py): the first tokens and this many recent ones stay
+    #: in its cache, the rest is dropped as the context grows. 0: the whole context (every target)
+    window: int = 0
     #: load the GGUF's multi-token-prediction (NextN) layers too, for an MTP drafter (llama/mtp.py);
     #: they are not part of the target's own forward pass, so its output is the same either way
     load_mtp: bool = False
@@ -243,8 +247,8 @@ class LlamaModel(TreeBatches, VocabQueries):
         #: called after every llama_decode with (first position, token count): an MTP head reads the
         #: target's hidden rows there, before the next decode overwrites them (llama/mtp.py)
         self.on_decoded: Callable[[int, int], None] | None = None
-        self._piece_buf = ctypes.create_string_buffer(256)
-        self._piece_cache: dict[int, bytes] = {}
+        self._window = AttentionWindow(opts.window) if opts.window > 0 else None
+        self._piece_cache = {}
         self.threads = threads
 
     # --- Model protocol ---------------------------------------------------------------------------
@@ -295,7 +299,16 @@ class LlamaModel(TreeBatches, VocabQueries):
             # a tree's accepted side branch, left to decode here in position order (keep_path)
             pending = self._tokens[self._held :]
             batch, front = pending + batch, len(pending)
-        return self._run(batch, [r + front for r in logits_rows])
+        out = self._run(batch, [r + front for r in logits_rows])
+        w = self._window
+        cut = w.slide(self._held) if w is not None else None
+        if (
+            w is not None
+            and cut is not None
+            and not llama_cpp.llama_memory_seq_rm(self._mem, 0, w.sinks, cut)
+        ):
+            self._window = None  # a cache that cannot drop a middle range keeps everything
+        return out
 
     def _run(self, tokens: Sequence[int], logits_rows: Sequence[int]) -> np.ndarray:
         """Decode `tokens` from where llama.cpp's cache ends, in n_batch chunks."""
@@ -377,6 +390,8 @@ class LlamaModel(TreeBatches, VocabQueries):
         self._tokens, self._held = [], 0
         if self._rollback is not None:
             self._rollback.forget()
+        if self._window is not None:
+            self._window.forget()
 
     def _logits_view(self, n_rows: int) -> np.ndarray:
         ptr = llama_cpp.llama_get_logits(self._ctx)
@@ -391,6 +406,8 @@ class LlamaModel(TreeBatches, VocabQueries):
             self._tree = (0, ())
         if n >= len(self._tokens) or self._ctx is None:  # closed: nothing left to cut (and no UAF)
             return
+        if self._window is not None:
+            self._window.truncated(n)
         rb = self._rollback
         if rb is None and n >= self._held:  # only tokens still waiting to be decoded go
             del self._tokens[n:]
@@ -493,44 +510,12 @@ class LlamaModel(TreeBatches, VocabQueries):
             return False
         self._tokens = list(state.tokens)
         self._held = len(self._tokens)
+        if self._window is not None:
+            self._window.forget()
         if self._rollback is not None:
             self._rollback.forget()
             self._rollback.anchors = list(state.anchors)
         return True
-
-    def is_eog(self, token: int) -> bool:
-        return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
-
-    def token_bytes(self, token: int) -> bytes:
-        cached = self._piece_cache.get(token)
-        if cached is not None:
-            return cached
-        n = llama_cpp.llama_token_to_piece(
-            self._vocab, token, self._piece_buf, len(self._piece_buf), 0, False
-        )
-        if n < 0:
-            buf = ctypes.create_string_buffer(-n)
-            n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
-            piece = buf.raw[:n]
-        else:
-            piece = self._piece_buf.raw[:n]
-        self._piece_cache[token] = piece
-        return piece
-
-    # --- text -------------------------------------------------------------------------------------
-    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
-        data = text.encode("utf-8")
-        cap = len(data) + 16
-        arr = (llama_cpp.llama_token * cap)()
-        n = llama_cpp.llama_tokenize(self._vocab, data, len(data), arr, cap, add_special, parse_special)
-        if n < 0:
-            cap = -n
-            arr = (llama_cpp.llama_token * cap)()
-            n = llama_cpp.llama_tokenize(self._vocab, data, len(data), arr, cap, add_special, parse_special)
-        return list(arr[:n])
-
-    def detokenize(self, tokens: Sequence[int]) -> str:
-        return b"".join(self.token_bytes(t) for t in tokens).decode("utf-8", errors="replace")
 
     def meta(self, key: str) -> str | None:
         buf = ctypes.create_string_buffer(4096)

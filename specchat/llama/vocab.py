@@ -1,8 +1,10 @@
-"""A model's tokenizer as the pair check and the CLI ask about it: the facts drafts and targets must share,
+"""A model's tokenizer: text to tokens and back, the facts drafts and targets must share (the pair check),
 token texts and attributes, and a vocab-only load of a GGUF (no weights read, milliseconds)."""
 
 from __future__ import annotations
 
+import ctypes
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,10 +26,43 @@ class VocabFacts:
 
 
 class VocabQueries:
-    """Tokenizer facts for the pair check, shared by a full model and a vocab-only load."""
+    """The tokenizer's side of a model, shared by a full model and a vocab-only load."""
 
     _vocab: object
     _n_vocab: int
+    #: each token's bytes once llama.cpp produced them (the loop asks for every token it shows)
+    _piece_cache: dict[int, bytes]
+
+    def is_eog(self, token: int) -> bool:
+        return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
+
+    def token_bytes(self, token: int) -> bytes:
+        """The raw bytes of one token (part of a UTF-8 character, for byte-level vocabularies)."""
+        cached = self._piece_cache.get(token)
+        if cached is not None:
+            return cached
+        buf = ctypes.create_string_buffer(256)
+        n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
+        piece = buf.raw[:n]
+        self._piece_cache[token] = piece
+        return piece
+
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        data = text.encode("utf-8")
+        cap = len(data) + 16
+        arr = (llama_cpp.llama_token * cap)()
+        n = llama_cpp.llama_tokenize(self._vocab, data, len(data), arr, cap, add_special, parse_special)
+        if n < 0:
+            cap = -n
+            arr = (llama_cpp.llama_token * cap)()
+            n = llama_cpp.llama_tokenize(self._vocab, data, len(data), arr, cap, add_special, parse_special)
+        return list(arr[:n])
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return b"".join(self.token_bytes(t) for t in tokens).decode("utf-8", errors="replace")
 
     def vocab_facts(self) -> VocabFacts:
         v = self._vocab
@@ -74,6 +109,7 @@ class LlamaVocab(VocabQueries):
         self._model = model
         self._vocab = llama_cpp.llama_model_get_vocab(model)
         self._n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
+        self._piece_cache = {}
 
     def close(self) -> None:
         if getattr(self, "_model", None):

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from ..decoding import registry
 from ..decoding.block import BlockDrafter
 from ..decoding.drafters import Drafter, HeadDrafter, ModelDrafter
-from ..decoding.settings import CTX_SIZE
+from ..decoding.settings import CTX_SIZE, DRAFT_WINDOW
 from ..decoding.tree import TREE_BRANCHES
 from ..errors import BadInput, ContextFull, ModelFileError
 from ..llama.devices import supports_gpu_offload
@@ -68,6 +68,9 @@ class LoadConfig:
     local_output: bool = True
     #: --tree-width: side nodes a draft model's token tree may have per round (0: chains only)
     tree_width: int = 0
+    #: --draft-window: recent tokens a draft model attends to, besides the first few (llama/window.py;
+    #: 0: the whole context)
+    draft_window: int = DRAFT_WINDOW
 
 
 @dataclass(slots=True)
@@ -347,6 +350,7 @@ def load(
                     gpu_layers=cfg.draft_gpu_layers if cfg.draft_gpu_layers is not None else cfg.gpu_layers,
                     threads=cfg.draft_threads or cfg.threads,
                     verbose=cfg.verbose,
+                    window=cfg.draft_window,
                 ),
                 name=spec,
             )
