@@ -225,7 +225,7 @@ def load(
     _integer(
         "tree_width", tree_width, 0, TREE_BRANCHES, what="a number of side nodes", none="for the default"
     )
-    _integer("draft_window", draft_window, 0, what="a number of tokens (0: all)", none="for the default")
+    _integer("draft_window", draft_window, 0, what="a number of tokens (0: all)", none=f"for {DRAFT_WINDOW}")
     variables = _template_vars(chat_template_kwargs)
     for name, flag in (("offline", offline), ("force", force), ("strict", strict), ("verbose", verbose)):
         _flag(name, flag)

@@ -166,7 +166,7 @@ LOAD_CASES = [
     ("draft_gpu_layers", [1.5, "all", False], "draft_gpu_layers must be a number of layers"),
     ("threads", [0, 2.0, True, "2"], "threads must be an integer >= 1, or None for the physical cores"),
     ("p_min", [float("nan"), 1.5, -0.1, "0.5", True], "p_min must be a number in [0, 1], or None"),
-    ("draft_window", [-1, 512.0, True, "512"], "draft_window must be a number of tokens (0: all) >= 0, or None"),
+    ("draft_window", [-1, 512.0, True, "512"], "draft_window must be a number of tokens (0: all) >= 0"),
     ("offline", ["no", 1, None], f"offline {TAKES_BOOL}"),
     ("force", ["yes", 0], f"force {TAKES_BOOL}"),
     ("strict", [None, 1.0], f"strict {TAKES_BOOL}"),
