@@ -1,14 +1,14 @@
 """Side by side, interleaved: specchat's DFlash block drafter against llama-server's `draft-dflash`.
 
 Not a test (pytest does not collect it). Every configuration runs as its own process, one at a time,
-repeat 1 of all of them, then repeat 2 ...: specchat `run --raw --json` plain and with `--draft
-dflash:model=D` (the auto planner) and `-k N --draft-p-min 0`, and llama-server on 127.0.0.1 plain
-and with `-md D --spec-type draft-dflash --spec-draft-n-max N --spec-draft-p-min 0`, for N in 4, 8,
-15; the same text with no
-template, greedy, the same number of tokens. Decode speed only (prompt processing excluded): specchat's
-stats and llama-server's `timings.predicted_per_second`; acceptance from specchat's stats and
-llama-server's `draft_n` / `draft_n_accepted`. Ratios are to specchat's plain decoding in the same run;
-every output is compared token for token with specchat's plain one.
+repeat 1 of all of them, then repeat 2 ... (each starting one configuration further on): specchat `run
+--raw --json` plain and with `--draft dflash:model=D` (the auto planner) and `-k N --draft-p-min 0`, and
+llama-server on 127.0.0.1 plain and with `-md D --spec-type draft-dflash --spec-draft-n-max N
+--spec-draft-p-min 0`, for N in 4, 8, 15; the same text with no template, greedy, the same number of
+tokens. Decode speed only (prompt processing excluded): specchat's stats and llama-server's
+`timings.predicted_per_second`; acceptance from specchat's stats and llama-server's `draft_n` /
+`draft_n_accepted`. Ratios are to specchat's plain decoding in the same run; every output is compared
+token for token with specchat's plain one.
 
 The files: a planted Qwen3 target and its DFlash drafter (tests/dflash_models.py), by default in
 ~/.cache/specchat-dev/dflash, written with
@@ -114,8 +114,10 @@ def main() -> int:
     speeds: dict[str, list[float]] = {k: [] for k in cfgs}
     outputs: dict[str, list[int]] = {}
     stats: dict[str, dict] = {}
-    for _ in range(args.repeats):
-        for cfg, (kind, extra, n_max) in cfgs.items():
+    names = list(cfgs)
+    for rep in range(args.repeats):  # each repeat starts one configuration further on
+        for cfg in names[rep % len(names) :] + names[: rep % len(names)]:
+            kind, extra, n_max = cfgs[cfg]
             if kind == "specchat":
                 tps, toks, st = run_specchat(target, prompt, args.n, extra)
             else:

@@ -2,7 +2,9 @@
 
 Not a test (pytest does not collect it). For each pair of files (a hybrid target and its draft, or a
 target with its own MTP drafter) and each prompt, every configuration runs as its own process, one at
-a time, repeat 1 of all of them, then repeat 2 ...: specchat `run --raw --json` (plain, the default,
+a time, repeat 1 of all of them, then repeat 2 ... (each repeat starting one configuration further
+on, so that none always runs right after another: on a shared VM a process's speed depends on the
+one before it): specchat `run --raw --json` (plain, the default,
 forced drafts) and llama-server on 127.0.0.1 (plain, `-md DRAFT --spec-type draft-simple`,
 `--spec-type ngram-mod`, `--spec-type draft-mtp --spec-draft-n-max N`), each given the same text with
 no template, greedy, the same number of tokens. Decode speed only (prompt processing excluded):
@@ -161,8 +163,10 @@ def main() -> int:
             speeds: dict[str, list[float]] = {k: [] for k in cfgs}
             outputs: dict[str, list[int]] = {}
             extra_stats: dict[str, dict] = {}
-            for _ in range(args.repeats):
-                for cfg, (kind, extra) in cfgs.items():
+            names = list(cfgs)
+            for rep in range(args.repeats):
+                for cfg in names[rep % len(names) :] + names[: rep % len(names)]:
+                    kind, extra = cfgs[cfg]
                     if kind == "specchat":
                         tps, toks, st = run_specchat(target, prompt, args.n, extra)
                     else:
