@@ -7,6 +7,7 @@ drafter) and `tiny_url` (a server over it) are module-scoped; conftest.py re-exp
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import subprocess
 import threading
@@ -115,9 +116,14 @@ def wait_until(check, timeout: float = 10.0) -> None:  # type: ignore[no-untyped
 
 
 @contextmanager
-def loaded_engine(target: Path, drafts: tuple[str, ...] = ()) -> Iterator[loader.LoadedEngine]:
-    """`target` (and `drafts`) loaded as `serve` loads them, on one thread with a 512-token context."""
+def loaded_engine(
+    target: Path, drafts: tuple[str, ...] = (), draft_window: int | None = None
+) -> Iterator[loader.LoadedEngine]:
+    """`target` (and `drafts`) loaded as `serve` loads them, on one thread with a 512-token context
+    (`draft_window`: --draft-window, None for its default)."""
     cfg = loader.LoadConfig(target=str(target), drafts=drafts, ctx_size=512, threads=1)
+    if draft_window is not None:
+        cfg = dataclasses.replace(cfg, draft_window=draft_window)
     loaded = loader.load(cfg)
     try:
         yield loader.LoadedEngine(loaded)

@@ -82,9 +82,16 @@ def test_without_the_cache_follow_ups_decode_their_whole_prompt(tiny_engine):
     assert all(cached < 0.5 * prompt for cached, prompt, _ in turns[2:])
 
 
-def test_drafting_writes_what_the_target_alone_writes_cache_hits_included(tiny_pair):
+@pytest.mark.parametrize("draft_window", [None, 16])
+def test_drafting_writes_what_the_target_alone_writes_cache_hits_included(tiny_pair, draft_window):
+    """With the default window (longer than these conversations) and with one far shorter, whose
+    cuts the saved and restored draft caches carry."""
     target, draft = tiny_pair
-    with loaded_engine(target, (str(draft), "ngram")) as spec, serving(spec, cache_bytes=64 << 20) as url:
+    drafts = (str(draft), "ngram")
+    with (
+        loaded_engine(target, drafts, draft_window=draft_window) as spec,
+        serving(spec, cache_bytes=64 << 20) as url,
+    ):
         drafted = alternate(url)
     with loaded_engine(target) as plain, serving(plain, cache_bytes=64 << 20, k=None) as url:
         alone = alternate(url)

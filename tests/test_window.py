@@ -47,6 +47,18 @@ def test_a_long_prompt_is_cut_once_and_a_cut_back_starts_over_from_there() -> No
     w.cut = 700
     w.forget()
     assert w.cut == SINKS
+    w.forget(700)  # a restored cache that had dropped [SINKS, 700)
+    assert w.cut == 700
+
+
+def test_a_cut_into_the_dropped_range_lands_on_the_sinks() -> None:
+    """llama.cpp takes a next token only right after the last position it holds: a cache cut back to
+    a position whose predecessor is gone must go back to the sinks and catch up from there."""
+    w = AttentionWindow(keep=100)
+    w.cut = 700
+    assert w.reach(SINKS) == SINKS and w.reach(2) == 2
+    assert [w.reach(n) for n in (SINKS + 1, 300, 700)] == [SINKS] * 3
+    assert w.reach(701) == 701  # position 700 is held
 
 
 # --- the engine, on GGUFs --------------------------------------------------------------------------
@@ -121,3 +133,22 @@ def test_a_windowed_draft_keeps_the_output_of_plain_decoding(tiny_pair: tuple[Pa
     assert isinstance(done, Done)
     assert [e.id for e in events if isinstance(e, Token)] == plain
     assert done.stats.accepted > 0
+
+
+def test_a_cut_into_the_dropped_range_catches_up_from_the_sinks(model_file: Path) -> None:
+    """A new conversation sharing only part of the dropped range (the server's next request): the
+    cache goes back to its first four tokens, and decoding the rest again works and gives what a
+    cache that decoded them afresh gives."""
+    engine = _engine()
+    tokens = [int(t) for t in np.random.default_rng(4).integers(8, 400, 160)]
+    opts = engine.LoadOptions(n_ctx=256, threads=1, window=24)
+    with engine.LlamaModel(model_file, opts) as m, engine.LlamaModel(model_file, opts) as fresh:
+        m.decode(tokens, [])
+        assert m._window is not None and m._window.cut > 50
+        m.truncate(50)
+        assert list(m.tokens) == tokens[:SINKS]
+        other = tokens[:50] + tokens[100:130]
+        row = m.decode(other[SINKS:], [len(other) - SINKS - 1])[0].copy()
+        # a recurrent state that was cleared replays the sinks as a batch of their own, which rounds
+        # its recurrence apart from one batch of all (exact where it matters: a target never has a window)
+        np.testing.assert_allclose(row, fresh.decode(other, [len(other) - 1])[0], rtol=1e-4, atol=1e-4)

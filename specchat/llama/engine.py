@@ -103,6 +103,8 @@ class SavedState:
     data: np.ndarray  # uint8, uninitialised before llama.cpp fills it (a zeroed buffer cost 2/3 of a save)
     #: a recurrent model's checkpoints within `tokens` (rollback.py): where a later turn can go back to
     anchors: tuple[Checkpoint, ...] = ()
+    #: a draft model's window had dropped the positions from its sinks to this one (window.py; 0: none)
+    dropped: int = 0
 
     @property
     def nbytes(self) -> int:
@@ -407,6 +409,7 @@ class LlamaModel(TreeBatches, VocabQueries):
         if n >= len(self._tokens) or self._ctx is None:  # closed: nothing left to cut (and no UAF)
             return
         if self._window is not None:
+            n = self._window.reach(n)
             self._window.truncated(n)
         rb = self._rollback
         if rb is None and n >= self._held:  # only tokens still waiting to be decoded go
@@ -426,6 +429,8 @@ class LlamaModel(TreeBatches, VocabQueries):
             self._held = n
         else:
             held = rb.go_back(n)
+            if self._window is not None and self._window.reach(held) != held:
+                held = 0  # a checkpoint older than the window's cut: the attention cache lacks its past
             # the attention part of a hybrid cache drops what lies past the checkpoint by itself
             if held == 0 or not llama_cpp.llama_memory_seq_rm(self._mem, 0, held, -1):
                 llama_cpp.llama_memory_clear(self._mem, True)
@@ -492,7 +497,8 @@ class LlamaModel(TreeBatches, VocabQueries):
         self._flush()
         size = int(llama_cpp.llama_state_seq_get_size(self._ctx, 0))
         anchors = tuple(self._rollback.anchors) if self._rollback is not None else ()
-        state = SavedState(tuple(self._tokens), np.empty(size, dtype=np.uint8), anchors)
+        dropped = self._window.cut if self._window is not None else 0
+        state = SavedState(tuple(self._tokens), np.empty(size, dtype=np.uint8), anchors, dropped)
         written = int(llama_cpp.llama_state_seq_get_data(self._ctx, state.pointer(), size, 0))  # type: ignore[arg-type]
         if written != size:
             raise EngineError(f"llama.cpp saved {written} of {size} bytes of {self.name}'s cache")
@@ -511,7 +517,7 @@ class LlamaModel(TreeBatches, VocabQueries):
         self._tokens = list(state.tokens)
         self._held = len(self._tokens)
         if self._window is not None:
-            self._window.forget()
+            self._window.forget(state.dropped)
         if self._rollback is not None:
             self._rollback.forget()
             self._rollback.anchors = list(state.anchors)

@@ -57,11 +57,16 @@ class AttentionWindow:
         self.cut = want
         return want
 
+    def reach(self, n: int) -> int:
+        """Where a cut back to `n` positions can land: `n`, or the sinks where `n` falls in the dropped
+        range (the cache holds nothing just before `n` there, and llama.cpp takes a next token only
+        at the position after the last one it holds; the caller then catches up from the sinks)."""
+        return self.sinks if self.sinks < n <= self.cut else n
+
     def truncated(self, n: int) -> None:
         """The cache was cut back to `n` positions: what it drops later starts again from there."""
         self.cut = min(self.cut, max(n, self.sinks))
 
-    def forget(self) -> None:
-        """The cache was cleared or replaced (a restored conversation): nothing is known to be gone,
-        so the next cut walks from the sinks (dropping cells already gone costs nothing)."""
-        self.cut = self.sinks
+    def forget(self, cut: int = 0) -> None:
+        """The cache was cleared, or replaced by a saved one whose window had dropped [sinks, cut)."""
+        self.cut = max(cut, self.sinks)
