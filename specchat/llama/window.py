@@ -24,7 +24,7 @@ a long-range copy is drafted there.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 #: the context's first tokens a window keeps (StreamingLLM's four attention sinks)
 SINKS = 4
@@ -43,7 +43,7 @@ class AttentionWindow:
     sinks: int = SINKS
     step: int = STEP
     #: positions in [sinks, cut) are gone from the cache (cut == sinks: none are)
-    cut: int = SINKS
+    cut: int = field(init=False)
 
     def __post_init__(self) -> None:
         self.cut = self.sinks
